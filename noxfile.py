@@ -1,0 +1,47 @@
+"""Sessions: `nox -s tests`, `nox -s bench`, `nox -s bench_micro`.
+
+torch: by default each session installs the CPU build named by RLPERF_TORCH (torch==2.13.0).
+On a GPU machine set RLPERF_TORCH=system: the session's virtualenv then sees the CUDA torch that
+is already installed (system site-packages) and installs no torch of its own.
+"""
+
+import os
+
+import nox
+
+TORCH = os.environ.get("RLPERF_TORCH", "torch==2.13.0")
+USE_SYSTEM_TORCH = TORCH == "system"
+VENV_PARAMS = ["--system-site-packages"] if USE_SYSTEM_TORCH else []
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def install(session: nox.Session, extras: str) -> None:
+    if not USE_SYSTEM_TORCH:
+        session.install(TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def tests(session: nox.Session) -> None:
+    install(session, "test,profile")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def bench(session: nox.Session) -> None:
+    """Runs a suite (smoke by default) and renders its report. Extra args go to `rlperf bench`."""
+    install(session, "profile")
+    args = session.posargs or ["--suite", "smoke"]
+    session.run("rlperf", "bench", *args)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def bench_micro(session: nox.Session) -> None:
+    """pytest-benchmark micro-benchmarks; JSON saved under .benchmarks/ for --benchmark-compare."""
+    install(session, "test")
+    session.run(
+        "pytest", "benches/micro", "-p", "no:cacheprovider", "--benchmark-autosave",
+        "--benchmark-storage=file://.benchmarks", "-o", "testpaths=benches/micro", *session.posargs,
+    )

@@ -1,0 +1,60 @@
+"""`rlperf` console script: one subcommand per tool, each defined in its own folder.
+
+Subcommand modules are imported only when chosen, so `rlperf report` never pays for importing torch.
+Each module provides `configure(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from reference_trainer.config import ConfigError
+from rlperf.errors import BadInput
+
+SUBCOMMANDS = {
+    "train": ("reference_trainer.cli", "train PPO+LSTM and print a per-phase time breakdown"),
+    "selfcheck": ("reference_trainer.selfcheck", "check that injected delays land in the right phase"),
+    "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
+    "collectives": ("benches.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
+    "report": ("reports.cli", "render a report and regression verdicts from stored results"),
+    "compare": ("reports.compare", "compare two machines' results side by side"),
+    "profile": ("profilers.cli", "run the trainer under torch.profiler, NVML sampling and py-spy"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments print one line and exit 2, without the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = OneLineParser(prog="rlperf", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module_name).configure(sub)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except (ConfigError, BadInput) as exc:
+        sys.stderr.write(f"rlperf {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"rlperf {args.command}: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
