@@ -1,0 +1,1 @@
+"""Traces, utilization sampling and py-spy around trainer runs."""

@@ -1,0 +1,210 @@
+"""Background sampling of GPU (NVML) and host (psutil) utilization while a run executes.
+
+The sampler lives in the process that launches the trainer, so it never competes with the trainer for the
+GIL. Every reading is one row `(t_unix_ns, source, metric, value)`: `source` is `gpu:<uuid>` or `cpu`.
+Without NVML or without a GPU the CPU series are still sampled and `unavailable` says why the GPU ones are
+missing; a metric a device does not support is left out and listed in `unsupported`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+import pynvml
+
+from rlperf.errors import BadInput
+
+Row = tuple[int, str, str, float]
+
+
+def _clock_event_reasons(handle) -> int:
+    try:
+        return pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except pynvml.NVMLError_FunctionNotFound:
+        # drivers before the rename only know the older name of the same bitmask
+        return pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+
+
+# Units are kept as NVML reports them (PCIe in KB/s over its 20 ms window), except energy, which NVML
+# gives in mJ since the driver loaded and is stored in J so summaries read naturally.
+GPU_METRICS: dict[str, Callable[[object], float]] = {
+    "gpu_util_percent": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+    "mem_util_percent": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).memory,
+    "mem_used_bytes": lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).used,
+    "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+    "energy_j": lambda h: pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
+    "sm_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+    "mem_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+    "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+    "pcie_rx_kb_per_s": lambda h: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+    "pcie_tx_kb_per_s": lambda h: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+    "clock_event_reasons": _clock_event_reasons,
+}
+CPU_METRICS = ("cpu_util_percent", "ram_used_bytes")
+
+
+def cuda_visible_entries(environ: dict[str, str] | os._Environ = os.environ) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset; parsing stops at the first entry that is
+    neither an index nor a GPU UUID, and a negative index hides everything after it."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    entries = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if entry.lstrip("-").isdigit():
+            if int(entry) < 0:
+                break
+            entries.append(entry)
+        elif entry.startswith("GPU-"):
+            entries.append(entry)
+        else:
+            break
+    return entries
+
+
+def _visible_handles(environ) -> list[tuple[str, object]]:
+    """(uuid, handle) for each GPU a CUDA process started with `environ` can see, in CUDA order.
+
+    NVML numbers devices by PCI bus and ignores CUDA_VISIBLE_DEVICES, so indices in that variable are
+    read as PCI-bus indices (CUDA's order when CUDA_DEVICE_ORDER=PCI_BUS_ID, and on machines with one
+    GPU model); UUID entries are exact and may be prefixes, as CUDA allows.
+    """
+    all_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    by_uuid = {pynvml.nvmlDeviceGetUUID(h): h for h in all_handles}
+    entries = cuda_visible_entries(environ)
+    if entries is None:
+        return list(by_uuid.items())
+    visible = []
+    for entry in entries:
+        if entry.startswith("GPU-"):
+            matches = [uuid for uuid in by_uuid if uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            visible.append((matches[0], by_uuid[matches[0]]))
+        elif int(entry) < len(all_handles):
+            handle = all_handles[int(entry)]
+            visible.append((pynvml.nvmlDeviceGetUUID(handle), handle))
+        else:
+            break
+    return visible
+
+
+class UtilizationSampler:
+    """Samples every `interval_s` seconds on a daemon thread between `start()` and `stop()`.
+
+    `gpu_uuids=None` samples every GPU visible under CUDA_VISIBLE_DEVICES; a list names the devices the
+    run uses (an empty list: a CPU-only run). Ticks keep to a fixed schedule; a tick that overruns (NVML's
+    PCIe reading blocks for 20 ms per direction and device) makes the next ones skip rather than drift.
+    """
+
+    def __init__(self, interval_s: float, gpu_uuids: list[str] | None = None):
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s > 0:
+            raise BadInput(f"sample interval: must be a positive number of seconds (got {interval_s!r})")
+        self.interval_s = float(interval_s)
+        self.gpu_uuids = None if gpu_uuids is None else list(gpu_uuids)
+        self.unavailable: str | None = None
+        self.unsupported: dict[str, str] = {}
+        self.ticks = 0
+        self._devices: list[tuple[str, object]] = []
+        self._metrics: dict[str, dict[str, Callable[[object], float]]] = {}
+        self._rows: list[Row] = []
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml_open = False
+
+    def __enter__(self) -> UtilizationSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("sampler already started")
+        self._open_gpus()
+        psutil.cpu_percent(interval=None)  # the first call only sets the reference point
+        self._thread = threading.Thread(target=self._loop, name="utilization-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[Row]:
+        """Stops sampling (after one last tick) and returns every row taken, oldest first; calling it
+        again returns the same rows."""
+        if self._thread is None:
+            return list(self._rows)
+        self._stopping.set()
+        self._thread.join()
+        self._thread = None
+        if self._nvml_open:
+            pynvml.nvmlShutdown()
+            self._nvml_open = False
+        return list(self._rows)
+
+    def _open_gpus(self) -> None:
+        if self.gpu_uuids == []:
+            self.unavailable = "gpu: the run uses no GPU"
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self.unavailable = f"gpu: NVML unavailable ({exc})"
+            return
+        self._nvml_open = True
+        try:
+            visible = _visible_handles(os.environ)
+        except pynvml.NVMLError as exc:
+            self.unavailable = f"gpu: NVML could not list devices ({exc})"
+            return
+        if self.gpu_uuids is None:
+            self._devices = [(f"gpu:{uuid}", handle) for uuid, handle in visible]
+        else:
+            by_uuid = dict(visible)
+            missing = [uuid for uuid in self.gpu_uuids if uuid not in by_uuid]
+            if missing:
+                self.unavailable = f"gpu: NVML does not see {', '.join(missing)}"
+            self._devices = [(f"gpu:{uuid}", by_uuid[uuid]) for uuid in self.gpu_uuids if uuid in by_uuid]
+        if not self._devices and self.unavailable is None:
+            self.unavailable = "gpu: no GPU visible to NVML"
+        for source, handle in self._devices:
+            self._metrics[source] = self._supported_metrics(source, handle)
+
+    def _supported_metrics(self, source: str, handle) -> dict[str, Callable[[object], float]]:
+        supported = {}
+        for metric, read in GPU_METRICS.items():
+            try:
+                read(handle)
+            except pynvml.NVMLError as exc:
+                self.unsupported[f"{source} {metric}"] = str(exc)
+            else:
+                supported[metric] = read
+        return supported
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while True:
+            self._sample_once()
+            if self._stopping.is_set():
+                return
+            next_tick += self.interval_s
+            now = time.monotonic()
+            if now > next_tick:
+                next_tick += (now - next_tick) // self.interval_s * self.interval_s + self.interval_s
+            self._stopping.wait(next_tick - now)
+
+    def _sample_once(self) -> None:
+        self.ticks += 1
+        rows = self._rows
+        for source, handle in self._devices:
+            t_ns = time.time_ns()
+            for metric, read in self._metrics[source].items():
+                try:
+                    rows.append((t_ns, source, metric, float(read(handle))))
+                except pynvml.NVMLError as exc:
+                    self.unsupported.setdefault(f"{source} {metric}", f"failed mid-run ({exc})")
+        t_ns = time.time_ns()
+        rows.append((t_ns, "cpu", "cpu_util_percent", psutil.cpu_percent(interval=None)))
+        rows.append((t_ns, "cpu", "ram_used_bytes", float(psutil.virtual_memory().used)))
