@@ -1,0 +1,115 @@
+"""`rlperf train`: flags are generated from TrainConfig, so every knob has exactly one definition."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from reference_trainer.config import PHASES, TrainConfig, from_dict, parse_delay
+
+FLAG_HELP = {
+    "env": "memory, cartpole, synthetic or gym:<id>",
+    "num_envs": "environments in all ranks together; batch = num_envs x horizon",
+    "minibatch_size": "agent steps per minibatch, a multiple of horizon",
+    "lstm": "use the LSTM core (--no-lstm: an MLP-only policy)",
+    "dtype": "fp32, bf16 or fp16 (autocast around forward and loss)",
+    "inject_delay": "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch (repeatable)",
+    "trace_dir": "write a torch.profiler Chrome trace of steady epochs here",
+    "timers": "per-phase timers (--no-timers to measure their cost)",
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        help_text = FLAG_HELP.get(f.name, "")
+        if f.name == "inject_delay":
+            parser.add_argument(flag, action="append", default=[], metavar="PHASE=MS", help=help_text)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})".strip())
+    parser.add_argument("--json", metavar="PATH", help="write the run's summary here (docs/results-format.md)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    values["inject_delay"] = dict(parse_delay(text) for text in args.inject_delay)
+    return from_dict(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.world_size > 1:
+        from reference_trainer.distributed import launch_or_join
+
+        summary = launch_or_join(cfg, quiet=args.quiet)
+        if summary is None:  # a non-zero rank: rank 0 reports
+            return 0
+    else:
+        summary = run_with_progress(cfg, args.quiet)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1))
+    if not args.quiet:
+        print_summary(summary)
+    return 0
+
+
+def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from reference_trainer.train import train
+
+    if quiet:
+        return train(cfg, rank)
+    columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
+               TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
+    with Progress(*columns, transient=True, console=_stderr_console()) as progress:
+        task = progress.add_task("train", total=cfg.num_epochs, sps="-", ret="-")
+
+        def on_epoch(record: dict) -> None:
+            ret = record["mean_episode_return"]
+            progress.update(task, advance=1, sps=f"{record['steps'] / record['seconds']:,.0f}",
+                            ret="-" if ret is None else f"{ret:.3f}")
+
+        return train(cfg, rank, on_epoch)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def print_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    steady = summary["steady_seconds"]
+    table = Table(title=f"phases over {len(summary['epochs']) - summary['config']['warmup_epochs']} steady epochs")
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("% of time", justify="right")
+    for name in PHASES:
+        seconds = summary["phases"][name]
+        table.add_row(name, f"{seconds:.3f}", f"{100 * seconds / steady:.1f}")
+    coverage = summary["phase_coverage"]
+    table.add_row("[dim]attributed[/dim]", f"{sum(summary['phases'].values()):.3f}",
+                  "-" if coverage is None else f"{100 * coverage:.1f}", end_section=True)
+    console = Console(file=sys.stdout)
+    console.print(table)
+    ret = summary["mean_episode_return"]
+    console.print(
+        f"SPS {summary['sps']:,.0f} steady, {summary['sps_end_to_end']:,.0f} end to end; "
+        f"warm-up {summary['warmup_seconds']:.2f} s (compile/capture {summary['compile_seconds']:.2f} s); "
+        f"wall {summary['wall_seconds']:.2f} s; mean episode return "
+        f"{'-' if ret is None else f'{ret:.3f}'}; dtype {summary['dtype_used']}"
+    )

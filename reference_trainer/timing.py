@@ -1,0 +1,76 @@
+"""Phase timing where every second of an epoch lands in exactly one phase.
+
+The timer marks boundaries: `enter(phase)` closes the current phase and opens the next, so phases tile
+the epoch with no gaps. On CUDA a boundary is a CUDA event on the current stream, not a host clock
+reading: queued kernels are charged to the phase that launched them, and host time spent while the GPU
+waits is charged to the phase the host was in. Events are read once per epoch, after one synchronisation.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+
+import torch
+
+from reference_trainer.config import PHASES
+
+
+class PhaseTimer:
+    def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float]):
+        self.enabled = enabled
+        self.cuda = device.type == "cuda"
+        self.delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
+        self.delayed_this_epoch: set[str] = set()
+        self.marks: list[tuple[str, object, int]] = []
+        self.range: AbstractContextManager | None = None
+        self.trace_ranges = False
+        self.record_timeline = False
+        self.timeline: list[tuple[str, int, int]] = []
+        self._epoch_start = 0.0
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start_epoch(self) -> None:
+        self.delayed_this_epoch.clear()
+        self.marks.clear()
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._epoch_start = time.perf_counter()
+
+    def enter(self, phase: str) -> None:
+        if self.enabled:
+            self.marks.append((phase, self._mark(), time.time_ns() if self.record_timeline else 0))
+            if self.trace_ranges:
+                if self.range is not None:
+                    self.range.__exit__(None, None, None)
+                self.range = torch.profiler.record_function(phase)
+                self.range.__enter__()
+        if phase in self.delays and phase not in self.delayed_this_epoch:
+            # A known amount of work inside the phase, once per epoch, for `rlperf selfcheck`.
+            self.delayed_this_epoch.add(phase)
+            time.sleep(self.delays[phase])
+
+    def end_epoch(self) -> tuple[float, dict[str, float]]:
+        """Closes the epoch; returns its seconds and the seconds of each phase."""
+        end_mark = self._mark()
+        if self.cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - self._epoch_start
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
+            self.range = None
+        phases = dict.fromkeys(PHASES, 0.0)
+        if not self.enabled:
+            return seconds, phases
+        end_ns = time.time_ns()
+        for (phase, start, start_ns), (_, stop, stop_ns) in zip(self.marks, self.marks[1:] + [("", end_mark, end_ns)]):
+            phases[phase] += start.elapsed_time(stop) / 1000.0 if self.cuda else stop - start
+            if self.record_timeline:
+                self.timeline.append((phase, start_ns, stop_ns))
+        return seconds, phases

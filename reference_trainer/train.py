@@ -1,0 +1,415 @@
+"""PPO with an LSTM policy, timed phase by phase.
+
+Each epoch: a rollout of `horizon` steps over this rank's environments (env, eval_copy, eval_forward,
+eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
+train_forward, learn), then one read of the epoch's statistics (log).
+
+Built for capture from the first line: every tensor the loops touch is preallocated with a fixed shape,
+the policy step and the minibatch update read and write only those tensors, statistics accumulate on the
+device and are read once per epoch, and the learning rate is a tensor updated in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from reference_trainer.config import ConfigError, TrainConfig
+from reference_trainer.envs import make_env
+from reference_trainer.policy import Policy
+from reference_trainer.timing import PhaseTimer
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
+
+
+@dataclass
+class Rank:
+    """Where this process sits among the ranks: its share of the environments and its collectives."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+
+def versions() -> dict[str, str | None]:
+    from rlperf import __version__
+
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "rlperf": __version__,
+        "cuda": torch.version.cuda,
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+    }
+
+
+def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling from uniform noise drawn by the caller (graph-safe, no host sync)."""
+    return (logits - torch.log(-torch.log(noise.clamp_(min=1e-20)))).argmax(dim=-1)
+
+
+def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.Tensor:
+    """Generalised advantage estimates over `[T, N]`; `dones[t]` means the episode ended after step t."""
+    advantages = torch.empty_like(rewards)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        alive = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_v * alive - values[t]
+        last = delta + gamma * lam * alive * last
+        advantages[t] = last
+    return advantages
+
+
+def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values):
+    logprobs_all = F.log_softmax(logits.float(), dim=-1)
+    logprobs = logprobs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1).mean()
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    values = values.float()
+    clipped = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
+    value_loss = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+    loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+        stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
+    return loss, stats
+
+
+def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None) -> dict:
+    rank = rank or Rank()
+    process_start = time.perf_counter()
+    device = torch.device(cfg.device)
+    if cfg.is_cuda:
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"{cfg.device} requested but CUDA is not available (allowed here: cpu)")
+        torch.cuda.set_device(device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    autocast_dtype = AUTOCAST_DTYPES[cfg.dtype]
+
+    def autocast():
+        return torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+
+    # --- environments and policy -------------------------------------------------------------------
+    n = cfg.envs_per_rank
+    env = make_env(cfg, n, env_offset=rank.rank * n)
+    T, H = cfg.horizon, cfg.hidden_size
+    fused_cell = device.type == "cuda" or autocast_dtype is None
+    policy = Policy(env.obs_size, env.num_actions, H, cfg.lstm, fused_cell).to(device)
+    with autocast():
+        dtype_used = policy.compute_dtype(device)
+    expected = autocast_dtype or torch.float32
+    if dtype_used != expected:
+        raise ConfigError("dtype", f"{cfg.dtype} was requested but the recurrent core computes in {dtype_used}")
+    train_model = policy
+    if rank.world_size > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            policy, device_ids=[device.index] if cfg.is_cuda else None, gradient_as_bucket_view=True
+        )
+    lr = torch.tensor(cfg.learning_rate, device=device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5, capturable=cfg.is_cuda, fused=cfg.is_cuda or None)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
+
+    # --- experience, preallocated on the training device --------------------------------------------
+    obs_buf = torch.zeros(T + 1, n, env.obs_size, device=device)  # slot T holds the bootstrap observation
+    starts_buf = torch.zeros(T + 1, n, device=device)
+    actions_buf = torch.zeros(T, n, dtype=torch.long, device=device)
+    logprobs_buf = torch.zeros(T, n, device=device)
+    values_buf = torch.zeros(T, n, device=device)
+    rewards_buf = torch.zeros(T, n, device=device)
+    dones_buf = torch.zeros(T, n, device=device)
+    h0, c0 = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
+    h, c = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
+    stats = torch.zeros(len(STAT_NAMES), device=device)
+
+    # The policy step reads and writes only these, so it can be replayed as a CUDA graph.
+    step_obs = torch.zeros(n, env.obs_size, device=device)
+    step_start = torch.zeros(n, device=device)
+    step_action = torch.zeros(n, dtype=torch.long, device=device)
+    step_logprob = torch.zeros(n, device=device)
+    step_value = torch.zeros(n, device=device)
+
+    # Host side of the copies: pinned staging lets copies run asynchronously; two observation slots so
+    # an observation is never overwritten while its copy may still be in flight.
+    pin = cfg.pinned
+    host_obs = torch.zeros(2, n, env.obs_size, pin_memory=pin)
+    host_reward_done = torch.zeros(2, 2, n, pin_memory=pin)
+    host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
+    copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
+    slot_free = [torch.cuda.Event() for _ in range(2)] if cfg.is_cuda else None
+    obs_ready = torch.cuda.Event() if cfg.is_cuda else None
+    actions_ready = torch.cuda.Event() if cfg.is_cuda else None
+    nb = cfg.non_blocking
+
+    def policy_step() -> None:
+        with torch.no_grad():
+            with autocast():
+                logits, value, h_new, c_new = policy.step(step_obs, h, c, step_start)
+            logits = logits.float()
+            noise = torch.rand(rank.world_size, n, logits.shape[-1], device=device)[rank.rank]
+            action = sample_actions(logits, noise)
+            step_action.copy_(action)
+            step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
+            step_value.copy_(value.float())
+            if cfg.lstm:
+                h.copy_(h_new)
+                c.copy_(c_new)
+
+    # Minibatch tensors the update reads: gathered into place, then the update runs on them.
+    S = cfg.minibatch_sequences_per_rank
+    mb = {
+        "obs": torch.zeros(T, S, env.obs_size, device=device), "starts": torch.zeros(T, S, device=device),
+        "h0": torch.zeros(S, H, device=device), "c0": torch.zeros(S, H, device=device),
+        "actions": torch.zeros(T, S, dtype=torch.long, device=device), "logprobs": torch.zeros(T, S, device=device),
+        "advantages": torch.zeros(T, S, device=device), "returns": torch.zeros(T, S, device=device),
+        "values": torch.zeros(T, S, device=device),
+    }
+    loss_holder: dict[str, torch.Tensor] = {}
+
+    def forward_loss() -> None:
+        with autocast():
+            logits, values = train_model(mb["obs"], mb["h0"], mb["c0"], mb["starts"])
+            loss, mb_stats = ppo_loss(cfg, logits, values, mb["actions"], mb["logprobs"], mb["advantages"],
+                                      mb["returns"], mb["values"])
+        loss_holder["loss"] = loss
+        stats.add_(mb_stats)
+
+    def backward_step() -> None:
+        scaler.scale(loss_holder.pop("loss")).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm, foreach=True)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=False)
+
+    compile_seconds = 0.0
+    if cfg.compile:
+        policy_step = torch.compile(policy_step)
+        forward_loss = torch.compile(forward_loss)
+    step_fn, forward_fn, learn_fn = policy_step, forward_loss, backward_step
+
+    def capture_graphs() -> None:
+        """Replaces the eager step and update with CUDA graphs, after eager warm-up epochs ran them."""
+        nonlocal step_fn, forward_fn, learn_fn
+        step_graph, forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        saved_h, saved_c = h.clone(), c.clone()
+        with torch.cuda.graph(step_graph):
+            policy_step()
+        h.copy_(saved_h)
+        c.copy_(saved_c)
+        pool = step_graph.pool()
+        with torch.cuda.graph(forward_graph, pool=pool):
+            forward_loss()
+        with torch.cuda.graph(learn_graph, pool=pool):
+            backward_step()
+        step_fn, forward_fn, learn_fn = step_graph.replay, forward_graph.replay, learn_graph.replay
+
+    # --- the loop ------------------------------------------------------------------------------------
+    timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
+    profiler = None
+    if cfg.trace_dir:
+        profiler = start_profiler(cfg, device)
+    first_obs = env.reset()
+    obs_buf[T].copy_(torch.from_numpy(first_obs))
+    starts_buf[T].fill_(1.0)
+    epochs: list[dict] = []
+    total_episodes = 0
+    warmup_end = None
+
+    for epoch in range(cfg.num_epochs):
+        if epoch == cfg.warmup_epochs:
+            capture_start = time.perf_counter()
+            if cfg.cuda_graphs:
+                capture_graphs()
+            compile_seconds += time.perf_counter() - capture_start
+            warmup_end = time.perf_counter()
+        traced = profiler is not None and cfg.warmup_epochs <= epoch < cfg.warmup_epochs + cfg.trace_epochs
+        timer.trace_ranges = timer.record_timeline = traced
+        timer.start_epoch()
+
+        # rollout
+        timer.enter("eval_misc")
+        obs_buf[0].copy_(obs_buf[T])
+        starts_buf[0].copy_(starts_buf[T])
+        h0.copy_(h)
+        c0.copy_(c)
+        for t in range(T):
+            timer.enter("eval_forward")
+            step_obs.copy_(obs_buf[t])
+            step_start.copy_(starts_buf[t])
+            step_fn()
+            timer.enter("eval_misc")
+            actions_buf[t].copy_(step_action)
+            logprobs_buf[t].copy_(step_logprob)
+            values_buf[t].copy_(step_value)
+            timer.enter("eval_copy")
+            host_actions.copy_(step_action, non_blocking=nb)
+            if nb:
+                actions_ready.record()
+                actions_ready.synchronize()
+            timer.enter("env")
+            next_obs, rewards, dones = env.step(host_actions.numpy())
+            timer.enter("eval_copy")
+            slot = t % 2
+            if slot_free is not None and nb:
+                slot_free[slot].synchronize()
+            host_obs[slot].numpy()[:] = next_obs
+            host_reward_done[slot, 0].numpy()[:] = rewards
+            host_reward_done[slot, 1].numpy()[:] = dones
+            with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
+                obs_buf[t + 1].copy_(host_obs[slot], non_blocking=nb)
+                rewards_buf[t].copy_(host_reward_done[slot, 0], non_blocking=nb)
+                dones_buf[t].copy_(host_reward_done[slot, 1], non_blocking=nb)
+                if slot_free is not None:
+                    slot_free[slot].record()
+            if copy_stream is not None:
+                obs_ready.record(copy_stream)
+                torch.cuda.current_stream().wait_event(obs_ready)
+            starts_buf[t + 1].copy_(dones_buf[t])
+
+        # bootstrap value of the observation after the rollout, then advantages
+        timer.enter("eval_forward")
+        step_obs.copy_(obs_buf[T])
+        step_start.copy_(starts_buf[T])
+        saved_h, saved_c = h.clone(), c.clone()
+        step_fn()
+        h.copy_(saved_h)
+        c.copy_(saved_c)
+        timer.enter("train_misc")
+        advantages = gae(rewards_buf, values_buf, dones_buf, step_value, cfg.gamma, cfg.gae_lambda)
+        returns = advantages + values_buf
+        moments = rank.all_reduce_sum(torch.stack([advantages.sum(), (advantages**2).sum()]))
+        count = advantages.numel() * rank.world_size
+        mean = moments[0] / count
+        std = (moments[1] / count - mean**2).clamp(min=0).sqrt()
+        advantages = (advantages - mean) / (std + 1e-8)
+
+        # update: minibatches of whole sequences
+        stats.zero_()
+        for _ in range(cfg.update_epochs):
+            order = torch.randperm(n, device=device)
+            for start in range(0, n, S):
+                timer.enter("train_misc")
+                idx = order[start:start + S]
+                for name, source in (("obs", obs_buf[:T]), ("starts", starts_buf[:T]), ("actions", actions_buf),
+                                     ("logprobs", logprobs_buf), ("advantages", advantages), ("returns", returns),
+                                     ("values", values_buf)):
+                    torch.index_select(source, 1, idx, out=mb[name])
+                torch.index_select(h0, 0, idx, out=mb["h0"])
+                torch.index_select(c0, 0, idx, out=mb["c0"])
+                timer.enter("train_forward")
+                forward_fn()
+                timer.enter("learn")
+                learn_fn()
+
+        # log: the one read of device statistics this epoch
+        timer.enter("log")
+        finished, _ = env.drain_episodes()
+        totals = torch.cat([stats, torch.tensor([finished.sum(), finished.size], device=device, dtype=stats.dtype)])
+        totals = rank.all_reduce_sum(totals).cpu()
+        updates = cfg.update_epochs * (n // S) * rank.world_size
+        losses = {name: float(totals[i]) / updates for i, name in enumerate(STAT_NAMES)}
+        episodes_done = int(totals[-1])
+        total_episodes += episodes_done
+        if cfg.anneal_lr:
+            lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
+        seconds, phases = timer.end_epoch()
+        if profiler is not None:
+            profiler.step()
+        record = {
+            "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
+            "phases": phases, "losses": losses,
+            "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
+        }
+        epochs.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+
+    if profiler is not None:
+        profiler.stop()
+    wall = time.perf_counter() - process_start
+    return summarize(cfg, epochs, wall, warmup_end - process_start, compile_seconds, total_episodes, dtype_used,
+                     device, timer.timeline, profiler)
+
+
+def start_profiler(cfg: TrainConfig, device: torch.device):
+    from pathlib import Path
+
+    out = Path(cfg.trace_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def export(prof) -> None:
+        path = out / "trace.json.gz"
+        prof.export_chrome_trace(str(path))
+        prof.trace_path = str(path)
+
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=max(cfg.warmup_epochs - 1, 0), warmup=min(cfg.warmup_epochs, 1),
+                                         active=cfg.trace_epochs, repeat=1),
+        on_trace_ready=export,
+    )
+    profiler.start()
+    return profiler
+
+
+def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes, dtype_used, device, timeline,
+              profiler) -> dict:
+    steady = [e for e in epochs if not e["warmup"]]
+    steady_seconds = sum(e["seconds"] for e in steady)
+    steady_steps = sum(e["steps"] for e in steady)
+    phases = {name: sum(e["phases"][name] for e in steady) for name in epochs[0]["phases"]}
+    tail = epochs[-max(1, math.ceil(len(epochs) / 10)):]
+    tail_returns = [e["mean_episode_return"] for e in tail if e["mean_episode_return"] is not None]
+    summary = {
+        "schema": 1,
+        "config": cfg.to_dict(),
+        "sps": steady_steps / steady_seconds,
+        "sps_end_to_end": sum(e["steps"] for e in epochs) / wall,
+        "warmup_seconds": warmup_seconds,
+        "compile_seconds": compile_seconds,
+        "wall_seconds": wall,
+        "steps": sum(e["steps"] for e in epochs),
+        "steady_steps": steady_steps,
+        "steady_seconds": steady_seconds,
+        "phases": phases,
+        "phase_coverage": sum(phases.values()) / steady_seconds if cfg.timers else None,
+        "epochs": epochs,
+        "mean_episode_return": float(np.mean(tail_returns)) if tail_returns else None,
+        "episodes": total_episodes,
+        "losses": epochs[-1]["losses"],
+        "dtype_used": str(dtype_used).removeprefix("torch."),
+        "world_size": cfg.world_size,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "versions": versions(),
+    }
+    if profiler is not None:
+        summary["trace"] = getattr(profiler, "trace_path", None)
+        summary["timeline"] = [list(mark) for mark in timeline]
+    return summary
