@@ -1,0 +1,75 @@
+"""`rlperf report`: the report of one run (report.md, report.html), verdicts against a baseline, or the
+nightly trend of a whole store (--history)."""
+
+from __future__ import annotations
+
+import argparse
+
+from reports.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+
+EXIT_CODES = "exit code: 1 when a point regressed, 0 otherwise, 2 for bad input"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = f"{parser.description}. {EXIT_CODES}."
+    parser.add_argument("results", nargs="?", metavar="RESULTS",
+                        help="a results store, optionally PATH::RUN_ID (default: its latest run)")
+    parser.add_argument("--baseline", metavar="BASELINE", help="results to compare with: PATH or PATH::RUN_ID")
+    parser.add_argument("--out", default="report", metavar="DIR", help="where report.md and report.html go "
+                        "(default: ./report)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"smallest relative change that counts (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
+    parser.add_argument("--allow-cross-machine", action="store_true",
+                        help="compare with a baseline measured on another kind of machine")
+    parser.add_argument("--history", metavar="STORE",
+                        help="instead of one run: SPS over commits for every point in STORE, regressions marked")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from reports.history import render_history
+    from reports.render import render
+    from reports.results import load
+    from rlperf.errors import BadInput
+
+    console = Console()
+    if args.history:
+        if args.results or args.baseline:
+            raise BadInput("history: give either RESULTS or --history STORE, not both")
+        paths = render_history(args.history, args.out, args.threshold, args.alpha)
+        console.print(f"history report: {paths[0]} and {paths[1]}")
+        return 0
+    if not args.results:
+        raise BadInput("results: a results store is required (PATH or PATH::RUN_ID)")
+    code, verdicts, paths = render(load(args.results), args.out, args.baseline, args.threshold, args.alpha,
+                                   args.allow_cross_machine)
+    if verdicts:
+        print_verdicts(console, verdicts)
+    console.print(f"report: {paths[0]} and {paths[1]}")
+    return code
+
+
+def print_verdicts(console, verdicts) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from reports.render import fmt_change, fmt_p, fmt_sps
+
+    colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan"}
+    table = Table(title="verdicts against the baseline")
+    for column in ("point", "status", "baseline SPS", "SPS", "change", "p", "phases that grew"):
+        table.add_column(column, overflow="fold")
+    for verdict in verdicts:
+        sps = verdict.sps
+        # Text cells, not markup: point labels and reasons come from results and may contain brackets.
+        table.add_row(
+            Text(verdict.point), Text(verdict.status, style=colors.get(verdict.status, "")),
+            fmt_sps(sps.baseline) if sps else "–", fmt_sps(sps.candidate) if sps else "–",
+            fmt_change(sps.relative) if sps else "–", fmt_p(sps.p_value) if sps else "–",
+            Text(", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_grew)
+                 or verdict.reason),
+        )
+    console.print(table)

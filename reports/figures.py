@@ -1,0 +1,218 @@
+"""Figures as inline SVG text, drawn with matplotlib's object API (no pyplot state, no display needed).
+
+Text from results (point labels, config values) is drawn with math parsing off, so a `$` in a value is
+just a dollar sign, and the SVG writer escapes it as XML text.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pandas as pd
+from matplotlib import rc_context
+from matplotlib.figure import Figure
+
+STYLE = {
+    "text.parse_math": False,
+    "svg.fonttype": "none",
+    "svg.hashsalt": "rlperf",
+    "font.family": "DejaVu Sans",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e3e6ea",
+    "grid.linewidth": 0.8,
+    "axes.axisbelow": True,
+    "axes.edgecolor": "#9aa3ad",
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+}
+PALETTE = ["#3b6fb6", "#e08a2c", "#3f9e5a", "#c8423b", "#8a63b8", "#8c6d4f", "#d16aa8", "#7a7f87",
+           "#b5b539", "#2fb3c4"]
+PHASE_COLORS = {
+    "env": "#7a7f87", "eval_copy": "#9ec1e8", "eval_forward": "#3b6fb6", "eval_misc": "#c7d3e3",
+    "train_misc": "#f3d3a8", "train_forward": "#e08a2c", "learn": "#a85a12", "log": "#d9c8e6",
+}
+REGRESSED_COLOR = "#c8423b"
+_XML_PROLOG = re.compile(r"^.*?(?=<svg)", re.S)
+_FIXED_SIZE = re.compile(r'(<svg[^>]*?)\s(width|height)="[^"]*"')
+
+
+def to_svg(figure: Figure) -> str:
+    """The figure as an <svg> element that scales to its container."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = _XML_PROLOG.sub("", buffer.getvalue(), count=1)
+    for _ in range(2):
+        text = _FIXED_SIZE.sub(r"\1", text, count=1)
+    return text.strip()
+
+
+def _new(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _short(label: str, limit: int = 48) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+def sps_per_point(points: pd.DataFrame) -> str:
+    """Median SPS per point as a bar, every repeat as a dot, the min-max spread as a whisker.
+    `points`: label, sps_median, sps_min, sps_max, sps_repeats (list)."""
+    with rc_context(STYLE):
+        figure = _new(8, 0.9 + 0.32 * len(points))
+        ax = figure.add_subplot()
+        y = np.arange(len(points))[::-1]
+        ax.barh(y, points["sps_median"], color="#c7d3e3", height=0.6, label="median")
+        ax.errorbar(points["sps_median"], y, xerr=[points["sps_median"] - points["sps_min"],
+                                                  points["sps_max"] - points["sps_median"]],
+                    fmt="none", ecolor="#33414f", elinewidth=1, capsize=3, label="min–max")
+        for row_y, repeats in zip(y, points["sps_repeats"]):
+            ax.plot(repeats, [row_y] * len(repeats), "o", ms=3.5, color=PALETTE[0], alpha=0.8)
+        ax.set_yticks(y, [_short(label) for label in points["label"]])
+        ax.set_xlabel("agent steps per second (steady)")
+        ax.set_title("SPS per point: median bar, repeats as dots, min–max whisker")
+        ax.grid(axis="y", visible=False)
+        ax.set_xlim(left=0)
+        return to_svg(figure)
+
+
+def phase_breakdown(per_step_us: pd.DataFrame) -> str:
+    """Stacked horizontal bars of microseconds per agent step, one bar per point (index: label)."""
+    with rc_context(STYLE):
+        figure = _new(8, 1.3 + 0.32 * len(per_step_us))
+        ax = figure.add_subplot()
+        y = np.arange(len(per_step_us))[::-1]
+        left = np.zeros(len(per_step_us))
+        for phase in per_step_us.columns:
+            values = per_step_us[phase].fillna(0.0).to_numpy()
+            ax.barh(y, values, left=left, height=0.6, label=phase, color=PHASE_COLORS.get(phase, "#bbbbbb"),
+                    edgecolor="white", linewidth=0.5)
+            left += values
+        ax.set_yticks(y, [_short(label) for label in per_step_us.index])
+        ax.set_xlabel("microseconds per agent step (steady epochs, median of repeats)")
+        ax.set_title("Where a step's time goes, per phase")
+        ax.grid(axis="y", visible=False)
+        ax.legend(ncols=min(4, len(per_step_us.columns)), loc="upper center", bbox_to_anchor=(0.5, -0.18 -
+                  0.4 / max(1, len(per_step_us))))
+        return to_svg(figure)
+
+
+def sps_along_axis(axis: str, lines: dict[str, pd.DataFrame]) -> str:
+    """SPS against one swept axis; `lines` maps a label of the other axes' values to (x, sps) rows."""
+    with rc_context(STYLE):
+        figure = _new(5.2, 3.2)
+        ax = figure.add_subplot()
+        numeric = all(pd.api.types.is_numeric_dtype(frame["x"]) and not pd.api.types.is_bool_dtype(frame["x"])
+                      for frame in lines.values())
+        categories = sorted({str(x) for frame in lines.values() for x in frame["x"]})
+        for index, (label, frame) in enumerate(lines.items()):
+            x = frame["x"] if numeric else [categories.index(str(v)) for v in frame["x"]]
+            ax.plot(x, frame["sps"], "o-", color=PALETTE[index % len(PALETTE)], label=_short(label, 40), ms=4)
+        if numeric and all(frame["x"].min() > 0 for frame in lines.values()):
+            values = {x for frame in lines.values() for x in frame["x"]}
+            if len(values) > 2 and max(values) / min(values) >= 8:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(sorted(values), [f"{v:g}" for v in sorted(values)])
+        if not numeric:
+            ax.set_xticks(range(len(categories)), categories)
+            ax.margins(x=0.15)
+        elif ax.get_xscale() == "linear":
+            values = sorted({x for frame in lines.values() for x in frame["x"]})
+            if len(values) <= 8:
+                ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.set_xlabel(axis)
+        ax.set_ylabel("agent steps per second")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"SPS against {axis}")
+        if len(lines) > 1 or next(iter(lines)) != "":
+            ax.legend(loc="best")
+        return to_svg(figure)
+
+
+def scaling(lines: dict[str, pd.DataFrame]) -> str:
+    """Aggregate SPS against world size with the ideal line from one rank; `lines`: world_size, sps."""
+    with rc_context(STYLE):
+        figure = _new(6.4, 3.4)
+        ax = figure.add_subplot()
+        for index, (label, frame) in enumerate(lines.items()):
+            color = PALETTE[index % len(PALETTE)]
+            ax.plot(frame["world_size"], frame["sps"], "o-", color=color, label=_short(label, 40) or "measured")
+            one_rank = frame.loc[frame["world_size"] == 1, "sps"]
+            if not one_rank.empty:
+                ax.plot(frame["world_size"], frame["world_size"] * one_rank.iloc[0], ":", color=color, alpha=0.7)
+        ax.set_xticks(sorted({n for frame in lines.values() for n in frame["world_size"]}))
+        ax.set_xlabel("world size (ranks)")
+        ax.set_ylabel("aggregate agent steps per second")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Scaling with world size (dotted: ideal from one rank)")
+        ax.legend(loc="best")
+        return to_svg(figure)
+
+
+def utilization(series: pd.DataFrame, metrics: list[str]) -> str:
+    """One panel per metric; one line per point and source. `series`: label, source, metric, t_s, value."""
+    with rc_context(STYLE):
+        figure = _new(8, 2.0 * len(metrics) + 0.6)
+        axes = figure.subplots(len(metrics), 1, squeeze=False, sharex=True)[:, 0]
+        labels = list(dict.fromkeys(series["label"]))
+        for ax, metric in zip(axes, metrics):
+            for (label, source), frame in series[series["metric"] == metric].groupby(["label", "source"], sort=False):
+                color = PALETTE[labels.index(label) % len(PALETTE)]
+                ax.plot(frame["t_s"], frame["value"], color=color, lw=1.2,
+                        label=_short(f"{label} · {source}", 60))
+            ax.set_ylabel(metric, fontsize=8)
+            ax.set_ylim(bottom=0)
+        axes[0].set_title("Utilization over time (first repeat of each point)")
+        axes[-1].set_xlabel("seconds since the point started")
+        axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return to_svg(figure)
+
+
+def collectives(rows: pd.DataFrame) -> str:
+    """Bus bandwidth against message size, one line per (op, backend, world size)."""
+    with rc_context(STYLE):
+        figure = _new(6.4, 3.4)
+        ax = figure.add_subplot()
+        groups = rows.groupby(["op", "backend", "world_size"], sort=True)
+        for index, ((op, backend, world_size), frame) in enumerate(groups):
+            best = frame.groupby("bytes")["busbw_gbps"].median()
+            ax.plot(best.index, best.values, "o-", ms=3.5, color=PALETTE[index % len(PALETTE)],
+                    label=f"{op} ({backend}, {world_size} ranks)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Collectives: bus bandwidth against message size")
+        ax.legend(loc="best")
+        return to_svg(figure)
+
+
+def history(trend: pd.DataFrame, columns: int = 2) -> str:
+    """SPS over runs, one panel per point; regressed runs marked. `trend`: label, order, commit, sps,
+    regressed (bool)."""
+    labels = list(dict.fromkeys(trend["label"]))
+    rows = -(-len(labels) // columns)
+    with rc_context(STYLE):
+        figure = _new(4.2 * columns, 2.6 * rows)
+        axes = figure.subplots(rows, columns, squeeze=False).ravel()
+        ticks = trend.drop_duplicates("order").sort_values("order")
+        for ax, label in zip(axes, labels):
+            frame = trend[trend["label"] == label].sort_values("order")
+            ax.plot(frame["order"], frame["sps"], "o-", ms=3.5, color=PALETTE[0])
+            bad = frame[frame["regressed"]]
+            ax.plot(bad["order"], bad["sps"], "v", ms=9, color=REGRESSED_COLOR, label="regressed")
+            ax.set_title(_short(label, 44), fontsize=9)
+            ax.set_ylim(bottom=0)
+            ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
+            ax.set_ylabel("SPS")
+            if not bad.empty:
+                ax.legend(loc="lower left")
+        for ax in axes[len(labels):]:
+            ax.set_visible(False)
+        return to_svg(figure)

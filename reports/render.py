@@ -1,0 +1,335 @@
+"""The report of one run: what was measured, where the time went, and, against a baseline, what changed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from reports import figures
+from reports.page import Report, Section, write
+from reports.results import RunData, load, phase_us_per_step, point_table, swept_axes
+from reports.verdicts import (DEFAULT_ALPHA, DEFAULT_THRESHOLD, PointVerdict, exit_code, judge, point_label,
+                              tally)
+from rlperf.errors import BadInput
+
+# Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
+# hashes the same ones).
+COMPARABILITY_FIELDS = {
+    "GPU models": lambda fp: sorted(gpu.get("name", "?") for gpu in fp.get("gpus") or []) or "none",
+    "CPU model": lambda fp: (fp.get("cpu") or {}).get("model"),
+    "CPU cores": lambda fp: (fp.get("cpu") or {}).get("cores_logical"),
+    "torch": lambda fp: fp.get("torch"),
+    "CUDA": lambda fp: fp.get("cuda"),
+}
+UTILIZATION_METRICS = ("gpu_util_percent", "sm_clock_mhz", "power_w", "mem_used_bytes", "cpu_util_percent")
+PROFILED_NOTE = ("Traces come from separate profiled runs; the profiler's own overhead distorts throughput, so "
+                 "no SPS figure in this report is ever taken from a profiled run.")
+
+
+def fmt_sps(value: float) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:,.0f}"
+
+
+def fmt_change(relative: float) -> str:
+    return f"{relative * 100:+.1f}%"
+
+
+def fmt_p(p_value: float) -> str:
+    return "<0.0001" if p_value < 1e-4 else f"{p_value:.2g}"
+
+
+def machine_line(fingerprint: dict) -> str:
+    cpu = fingerprint.get("cpu") or {}
+    gpus = fingerprint.get("gpus") or []
+    gpu_text = ", ".join(f"{gpu.get('name', '?')}" for gpu in gpus) or "no GPU"
+    return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
+            f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
+
+
+def comparability_differences(a: dict, b: dict) -> list[str]:
+    return [f"{name}: {read(a)} vs {read(b)}" for name, read in COMPARABILITY_FIELDS.items() if read(a) != read(b)]
+
+
+def check_baseline(candidate: RunData, baseline: RunData, allow_cross_machine: bool) -> None:
+    if (candidate.store_path, candidate.run_id) == (baseline.store_path, baseline.run_id):
+        raise BadInput(f"baseline: run {baseline.run_id} is the run being reported; name another run "
+                       "(PATH::RUN_ID)")
+    if baseline.suite != candidate.suite:
+        raise BadInput(f"baseline: run {baseline.run_id} is of suite {baseline.suite!r}, not {candidate.suite!r}; "
+                       "a baseline must run the same suite")
+    if baseline.info["machine_key"] != candidate.info["machine_key"] and not allow_cross_machine:
+        differences = comparability_differences(baseline.fingerprint, candidate.fingerprint)
+        raise BadInput("baseline: measured on a machine that is not comparable ("
+                       + ("; ".join(differences) or "machine keys differ")
+                       + "); pass --allow-cross-machine to compare anyway")
+
+
+def run_header(run: RunData) -> str:
+    finished = run.info.get("finished_at") or "not finished"
+    label = f" · label {run.info['label']}" if run.info.get("label") else ""
+    return (f"run {run.run_id} · commit {run.commit} · {run.info['started_at']} → {finished} · "
+            f"{run.info['status']}{label} · {machine_line(run.fingerprint)}")
+
+
+def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: RunData, threshold: float,
+                    alpha: float) -> Section:
+    units = sorted({v.unit for v in verdicts if v.unit})
+    unit_text = {"repeat": "one value per repeat (process)",
+                 "epoch": "the steady epochs of all repeats pooled (too few repeats for the test on its own)"}
+    text = [f"Baseline: {run_header(baseline)}.",
+            f"A point counts as regressed or improved only when its median steps per second moved by more than "
+            f"{threshold:.0%} and a two-sided Mann–Whitney U test gives p < {alpha:g}; samples tested: "
+            + ("; ".join(unit_text[u] for u in units) if units else "none") + "."]
+    if baseline.info["machine_key"] != candidate.info["machine_key"]:
+        differences = comparability_differences(baseline.fingerprint, candidate.fingerprint)
+        text.append("Warning: the baseline was measured on another machine (--allow-cross-machine): "
+                    + ("; ".join(differences) or "machine keys differ") + ".")
+    rows = []
+    for verdict in verdicts:
+        sps = verdict.sps
+        grew = ", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_grew)
+        shrank = ", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_shrank)
+        if verdict.status == "regressed" and not grew:
+            grew = "no single phase grew beyond the threshold"
+        rows.append({
+            "point": verdict.point, "status": verdict.status,
+            "baseline SPS": fmt_sps(sps.baseline) if sps else "–",
+            "SPS": fmt_sps(sps.candidate) if sps else "–",
+            "change": fmt_change(sps.relative) if sps else "–",
+            "p": fmt_p(sps.p_value) if sps else "–",
+            "samples (base/new)": f"{sps.n_baseline}/{sps.n_candidate} {verdict.unit}s" if sps else "–",
+            "phases that grew": grew, "phases that shrank": shrank, "note": verdict.reason,
+        })
+    return Section("Verdict against the baseline", text, [pd.DataFrame(rows)])
+
+
+def sps_section(table: pd.DataFrame) -> Section:
+    shown = pd.DataFrame({
+        "point": table["label"], "status": table["status"],
+        "SPS (median)": table["sps_median"].map(fmt_sps),
+        "min – max": [f"{fmt_sps(lo)} – {fmt_sps(hi)}" for lo, hi in zip(table["sps_min"], table["sps_max"])],
+        "repeats": table["repeats"],
+        "end-to-end SPS": table["sps_end_to_end"].map(fmt_sps),
+        "warm-up s": table["warmup_seconds"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "–"),
+        "dtype used": table["dtype_used"], "device": table["device"],
+        "episode return": table["mean_episode_return"].map(lambda v: f"{v:.3g}" if np.isfinite(v) else "–"),
+        "note": table["reason"],
+    })
+    measured = table[table["repeats"] > 0]
+    figs = [figures.sps_per_point(measured)] if not measured.empty else []
+    text = ["Steady steps per second exclude set-up, compilation and warm-up epochs; end-to-end SPS includes "
+            "them. Each repeat is a separate trainer process."]
+    return Section("Steps per second", text, [shown], figs)
+
+
+def phase_section(run: RunData) -> Section | None:
+    if run.samples.empty:
+        return None
+    per_step = phase_us_per_step(run)
+    shares = per_step.div(per_step.sum(axis=1), axis=0)
+    shown = pd.DataFrame({"point": per_step.index})
+    for phase in per_step.columns:
+        shown[phase] = [f"{us:.2f} µs ({share:.0%})" for us, share in zip(per_step[phase], shares[phase])]
+    text = ["Microseconds per agent step spent in each phase over the steady epochs (median of repeats) and "
+            "the phase's share of the step."]
+    return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
+
+
+def _medians_by_point(table: pd.DataFrame) -> dict[str, float]:
+    return dict(zip(table["point_key"], table["sps_median"]))
+
+
+def axes_section(run: RunData, table: pd.DataFrame) -> Section | None:
+    axes = swept_axes(run)
+    medians = _medians_by_point(table)
+    svgs = []
+    for axis in axes:
+        lines: dict[str, list] = {}
+        for point_key, sps in medians.items():
+            values = json.loads(point_key)
+            if axis not in values or not np.isfinite(sps):
+                continue
+            others = ", ".join(f"{k}={v}" for k, v in values.items() if k != axis and k in axes)
+            lines.setdefault(others, []).append({"x": values[axis], "sps": sps})
+        frames = {label: pd.DataFrame(rows).sort_values("x") if _sortable(rows) else pd.DataFrame(rows)
+                  for label, rows in lines.items() if rows}
+        if frames:
+            svgs.append(figures.sps_along_axis(axis, frames))
+    if not svgs:
+        return None
+    return Section("SPS along each swept axis", ["One line per combination of the other swept values."],
+                   figures=svgs, in_markdown=False, side_by_side=True)
+
+
+def _sortable(rows: list[dict]) -> bool:
+    kinds = {type(row["x"]) for row in rows}
+    return kinds <= {int, float} or len(kinds) == 1
+
+
+def scaling_section(run: RunData, table: pd.DataFrame) -> Section | None:
+    if "world_size" not in swept_axes(run):
+        return None
+    groups: dict[str, list] = {}
+    for point_key, sps in _medians_by_point(table).items():
+        values = json.loads(point_key)
+        others = ", ".join(f"{k}={v}" for k, v in values.items() if k != "world_size")
+        if np.isfinite(sps):
+            groups.setdefault(others, []).append({"world_size": int(values["world_size"]), "sps": sps})
+    rows, frames = [], {}
+    for label, entries in groups.items():
+        frame = pd.DataFrame(entries).sort_values("world_size")
+        frames[label] = frame
+        one_rank = frame.loc[frame["world_size"] == 1, "sps"]
+        for entry in frame.itertuples():
+            efficiency = entry.sps / (entry.world_size * one_rank.iloc[0]) if not one_rank.empty else np.nan
+            rows.append({"other settings": label or "–", "world size": entry.world_size, "SPS": fmt_sps(entry.sps),
+                         "SPS per rank": fmt_sps(entry.sps / entry.world_size),
+                         "scaling efficiency": f"{efficiency:.0%}" if np.isfinite(efficiency) else "–"})
+    text = ["Scaling efficiency is SPS_n / (n × SPS_1): 100% means n ranks ran n times as fast as one."]
+    return Section("Scaling with world size", text, [pd.DataFrame(rows)], [figures.scaling(frames)])
+
+
+def ranks_section(run: RunData) -> Section | None:
+    rows = []
+    for point_key, samples in run.samples.groupby("point_key", sort=False):
+        per_rank: dict[int, list[dict]] = {}
+        for summary in samples["summary"]:
+            if (summary.get("world_size") or 1) > 1:
+                for rank in summary.get("ranks") or []:
+                    per_rank.setdefault(rank["rank"], []).append(rank["phases"])
+        if not per_rank:
+            continue
+        medians = pd.DataFrame({rank: pd.DataFrame(phases).median() for rank, phases in per_rank.items()})
+        for phase, seconds in medians.iterrows():
+            slow, fast = seconds.idxmax(), seconds.idxmin()
+            spread = seconds[slow] / seconds[fast] - 1 if seconds[fast] > 0 else np.nan
+            rows.append({"point": point_label(point_key), "phase": phase,
+                         "slowest rank": f"{slow} ({seconds[slow]:.3f} s)",
+                         "fastest rank": f"{fast} ({seconds[fast]:.3f} s)",
+                         "spread": f"{spread:+.0%}" if np.isfinite(spread) else "–"})
+    if not rows:
+        return None
+    text = ["Per-rank phase seconds over the steady epochs (median of repeats): a rank much slower than the "
+            "others in one phase is a straggler that every collective waits for."]
+    return Section("Per-rank stragglers", text, [pd.DataFrame(rows)])
+
+
+def utilization_section(run: RunData) -> Section | None:
+    series = run.utilization
+    if series.empty:
+        return None
+    first = series[series["repeat"] == series.groupby("point_key")["repeat"].transform("min")]
+    first = first.assign(label=first["point_key"].map(point_label),
+                         t_s=(first["t_ns"] - first.groupby("point_key")["t_ns"].transform("min")) / 1e9)
+    metrics = [m for m in UTILIZATION_METRICS if m in set(first["metric"])]
+    if not metrics:
+        return None
+    summary = (series[series["metric"].isin(metrics)]
+               .groupby(["point_key", "source", "metric"], sort=False)["value"]
+               .agg(["mean", "max"]).reset_index())
+    shown = pd.DataFrame({"point": summary["point_key"].map(point_label), "source": summary["source"],
+                          "metric": summary["metric"], "mean": summary["mean"].map(lambda v: f"{v:,.1f}"),
+                          "max": summary["max"].map(lambda v: f"{v:,.1f}")})
+    text = ["NVML's GPU utilization is the share of time any kernel ran, not how busy the GPU was: read it "
+            "next to SPS."]
+    return Section("Utilization over time", text, [shown], [figures.utilization(first, metrics)])
+
+
+def collectives_section(run: RunData) -> Section | None:
+    rows = run.collectives
+    if rows.empty:
+        return None
+    table = (rows.groupby(["op", "backend", "world_size", "bytes"], sort=True)
+             .agg(time_us=("time_us", "median"), algbw_gbps=("algbw_gbps", "median"),
+                  busbw_gbps=("busbw_gbps", "median")).reset_index())
+    shown = pd.DataFrame({"op": table["op"], "backend": table["backend"], "ranks": table["world_size"],
+                          "bytes": table["bytes"].map(lambda b: f"{b:,}"),
+                          "time µs": table["time_us"].map(lambda v: f"{v:,.1f}"),
+                          "algbw GB/s": table["algbw_gbps"].map(lambda v: f"{v:.2f}"),
+                          "busbw GB/s": table["busbw_gbps"].map(lambda v: f"{v:.2f}")})
+    text = ["algbw = bytes / time; busbw follows the nccl-tests convention (all-reduce × 2(n−1)/n, all-gather "
+            "and reduce-scatter × (n−1)/n); medians over repeats."]
+    return Section("Collectives", text, [shown], [figures.collectives(rows)])
+
+
+def traces_section(run: RunData) -> Section | None:
+    if run.traces.empty:
+        return None
+    rows = []
+    for trace in run.traces.itertuples():
+        summary = trace.summary or {}
+        figures_text = "; ".join(f"{key}: {_short_value(value)}" for key, value in summary.items()
+                                 if not isinstance(value, (dict, list)))
+        rows.append({"point": point_label(trace.point_key), "trace file": trace.path, "summary": figures_text})
+    return Section("Traces", [PROFILED_NOTE], [pd.DataFrame(rows)])
+
+
+def _short_value(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def fingerprint_section(run: RunData) -> Section:
+    rows = []
+
+    def flatten(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for index, item in enumerate(value):
+                flatten(f"{prefix}[{index}]", item)
+        else:
+            rows.append({"field": prefix, "value": "–" if value in (None, [], "") else str(value)})
+
+    flatten("", run.fingerprint)
+    text = [f"Machine key {run.info['machine_key']}: runs compare only with runs of the same key."]
+    return Section("Machine fingerprint", text, [pd.DataFrame(rows)])
+
+
+def build(candidate: RunData, baseline: RunData | None = None, threshold: float = DEFAULT_THRESHOLD,
+          alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict]]:
+    table = point_table(candidate)
+    verdicts: list[PointVerdict] = []
+    sections: list[Section | None] = []
+    if baseline is not None:
+        verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold, alpha)
+        sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha))
+    if not table.empty:
+        sections += [sps_section(table), phase_section(candidate), axes_section(candidate, table),
+                     scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
+    sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]
+    badges = {status: count for status, count in tally(verdicts).items() if count}
+    report = Report(f"rlperf report · suite {candidate.suite}", run_header(candidate),
+                    [s for s in sections if s is not None], badges)
+    return report, verdicts
+
+
+def render_run(store_path: str, run_id: str, out_dir: str, baseline: str | None = None,
+               threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+               allow_cross_machine: bool = False) -> int:
+    """Writes report.md and report.html for one run into `out_dir`. Returns 1 when a point regressed
+    against `baseline` (a RESULTS argument: `PATH` or `PATH::RUN_ID`), else 0; bad input raises BadInput."""
+    candidate = load(f"{store_path}::{run_id}")
+    return render(candidate, out_dir, baseline, threshold, alpha, allow_cross_machine)[0]
+
+
+def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshold: float, alpha: float,
+           allow_cross_machine: bool) -> tuple[int, list[PointVerdict], tuple[str, str]]:
+    check_criteria(threshold, alpha)
+    baseline = None
+    if baseline_spec:
+        baseline = load(baseline_spec, field="baseline")
+        check_baseline(candidate, baseline, allow_cross_machine)
+    report, verdicts = build(candidate, baseline, threshold, alpha)
+    paths = write(report, out_dir)
+    return exit_code(verdicts), verdicts, paths
+
+
+def check_criteria(threshold: float, alpha: float) -> None:
+    if not 0 <= threshold < 10:
+        raise BadInput(f"threshold: a relative change such as 0.05 for 5% (got {threshold})")
+    if not 0 < alpha < 1:
+        raise BadInput(f"alpha: a significance level between 0 and 1 such as 0.01 (got {alpha})")
+

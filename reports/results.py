@@ -1,0 +1,112 @@
+"""One stored run, read through the store's API, and the per-point figures every report shows."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from benches.store import Store, open_results
+from reference_trainer.config import PHASES
+from reports.verdicts import point_label, steady_epochs
+from rlperf.errors import BadInput
+
+
+@dataclass
+class RunData:
+    store_path: str
+    run_id: str
+    info: dict
+    fingerprint: dict
+    points: pd.DataFrame
+    samples: pd.DataFrame
+    utilization: pd.DataFrame
+    collectives: pd.DataFrame
+    traces: pd.DataFrame
+
+    @property
+    def suite(self) -> str:
+        return self.info["suite"]
+
+    @property
+    def commit(self) -> str:
+        commit = (self.info.get("git_commit") or "unknown")[:10]
+        return commit + ("+dirty" if self.info.get("git_dirty") else "")
+
+
+def load(spec: str, field: str = "results") -> RunData:
+    """The run a RESULTS argument (`PATH` or `PATH::RUN_ID`) names; the store's latest run by default."""
+    try:
+        store, run_id = open_results(spec)
+    except BadInput as exc:
+        raise BadInput(f"{field}: {exc}") from None
+    return load_run(store, run_id, field)
+
+
+def load_run(store: Store, run_id: str, field: str = "results") -> RunData:
+    info = store.runs().set_index("run_id").loc[run_id].to_dict()
+    points = store.points(run_id)
+    collectives = store.collectives(run_id)
+    if points.empty and collectives.empty:
+        raise BadInput(f"{field}: run {run_id} in {store.path} is empty (no points were measured)")
+    return RunData(str(store.path), run_id, info, store.fingerprint(run_id), points, store.samples(run_id),
+                   store.utilization(run_id), collectives, store.traces(run_id))
+
+
+def point_table(run: RunData) -> pd.DataFrame:
+    """One row per point in the run's order: status, SPS median and spread over repeats, and more."""
+    rows = []
+    for point in run.points.itertuples():
+        samples = run.samples[run.samples["point_key"] == point.point_key]
+        sps = samples["sps"].to_numpy(dtype=float)
+        summaries = list(samples["summary"])
+        rows.append({
+            "point_key": point.point_key,
+            "label": point_label(point.point_key),
+            "status": point.status,
+            "reason": point.reason or "",
+            "repeats": len(samples),
+            "sps_repeats": list(sps),
+            "sps_median": float(np.median(sps)) if len(sps) else np.nan,
+            "sps_min": float(sps.min()) if len(sps) else np.nan,
+            "sps_max": float(sps.max()) if len(sps) else np.nan,
+            "sps_end_to_end": float(samples["sps_end_to_end"].median()) if len(sps) else np.nan,
+            "warmup_seconds": float(samples["warmup_seconds"].median()) if len(sps) else np.nan,
+            "mean_episode_return": _median_or_nan(samples["mean_episode_return"]),
+            "world_size": int(point.config.get("world_size", 1)),
+            "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
+            "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
+            "epochs_per_repeat": len(steady_epochs(summaries[0])) if summaries else 0,
+        })
+    return pd.DataFrame(rows)
+
+
+def _median_or_nan(values: pd.Series) -> float:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    return float(values.median()) if len(values) else np.nan
+
+
+def phase_us_per_step(run: RunData) -> pd.DataFrame:
+    """Microseconds per agent step in each phase (median over repeats); index: point label."""
+    rows = {}
+    for point_key, samples in run.samples.groupby("point_key", sort=False):
+        per_repeat = pd.DataFrame([{phase: seconds / row.summary["steady_steps"] * 1e6
+                                    for phase, seconds in row.phases.items()}
+                                   for row in samples.itertuples()])
+        rows[point_label(point_key)] = per_repeat.median()
+    table = pd.DataFrame(rows).T
+    ordered = [phase for phase in PHASES if phase in table.columns]
+    return table[ordered + [c for c in table.columns if c not in ordered]]
+
+
+def swept_axes(run: RunData) -> dict[str, list]:
+    """Each axis that takes more than one value across the run's points, with its values."""
+    values: dict[str, list] = {}
+    for point_key in run.points["point_key"]:
+        for name, value in json.loads(point_key).items():
+            values.setdefault(name, [])
+            if value not in values[name]:
+                values[name].append(value)
+    return {name: vals for name, vals in values.items() if len(vals) > 1}
