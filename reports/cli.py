@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from reports.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 
 EXIT_CODES = "exit code: 1 when a point regressed, 0 otherwise, 2 for bad input"
 

@@ -216,3 +216,19 @@ def history(trend: pd.DataFrame, columns: int = 2) -> str:
         for ax in axes[len(labels):]:
             ax.set_visible(False)
         return to_svg(figure)
+
+
+def side_by_side(frame: pd.DataFrame, a: str, b: str) -> str:
+    """Paired horizontal bars of median SPS per point for two machines. `frame`: label, A, B."""
+    with rc_context(STYLE):
+        figure = _new(8, 1.0 + 0.45 * len(frame))
+        ax = figure.add_subplot()
+        y = np.arange(len(frame))[::-1]
+        ax.barh(y + 0.2, frame["A"], height=0.38, color=PALETTE[0], label=_short(a, 40))
+        ax.barh(y - 0.2, frame["B"], height=0.38, color=PALETTE[1], label=_short(b, 40))
+        ax.set_yticks(y, [_short(label) for label in frame["label"]])
+        ax.set_xlabel("agent steps per second (steady, median of repeats)")
+        ax.set_title("SPS per point on each machine")
+        ax.grid(axis="y", visible=False)
+        ax.legend(loc="lower right")
+        return to_svg(figure)

@@ -10,7 +10,8 @@ import pandas as pd
 from benches.store import Store
 from reports import figures
 from reports.page import Report, Section, write
-from reports.render import check_criteria, fmt_change
+from reports.criteria import check_criteria
+from reports.render import fmt_change
 from reports.results import RunData, load_run, point_table
 from reports.verdicts import judge
 from rlperf.errors import BadInput

@@ -10,14 +10,21 @@ import pandas as pd
 from reports import figures
 from reports.page import Report, Section, write
 from reports.results import RunData, load, phase_us_per_step, point_table, swept_axes
-from reports.verdicts import (DEFAULT_ALPHA, DEFAULT_THRESHOLD, PointVerdict, exit_code, judge, point_label,
-                              tally)
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
+from reports.verdicts import PointVerdict, exit_code, judge, point_label, tally
 from rlperf.errors import BadInput
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
 # hashes the same ones).
+def gpu_names(fingerprint: dict) -> list[str]:
+    """NVML's list when it answered, else the devices torch saw (the fingerprint keeps NVML's reason)."""
+    gpus = fingerprint.get("gpus")
+    gpus = gpus if isinstance(gpus, list) else fingerprint.get("cuda_devices") or []
+    return [gpu.get("name", "?") for gpu in gpus]
+
+
 COMPARABILITY_FIELDS = {
-    "GPU models": lambda fp: sorted(gpu.get("name", "?") for gpu in fp.get("gpus") or []) or "none",
+    "GPU models": lambda fp: sorted(gpu_names(fp)) or "none",
     "CPU model": lambda fp: (fp.get("cpu") or {}).get("model"),
     "CPU cores": lambda fp: (fp.get("cpu") or {}).get("cores_logical"),
     "torch": lambda fp: fp.get("torch"),
@@ -42,8 +49,7 @@ def fmt_p(p_value: float) -> str:
 
 def machine_line(fingerprint: dict) -> str:
     cpu = fingerprint.get("cpu") or {}
-    gpus = fingerprint.get("gpus") or []
-    gpu_text = ", ".join(f"{gpu.get('name', '?')}" for gpu in gpus) or "no GPU"
+    gpu_text = ", ".join(gpu_names(fingerprint)) or "no GPU"
     return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
             f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
 
@@ -325,11 +331,4 @@ def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshol
     report, verdicts = build(candidate, baseline, threshold, alpha)
     paths = write(report, out_dir)
     return exit_code(verdicts), verdicts, paths
-
-
-def check_criteria(threshold: float, alpha: float) -> None:
-    if not 0 <= threshold < 10:
-        raise BadInput(f"threshold: a relative change such as 0.05 for 5% (got {threshold})")
-    if not 0 < alpha < 1:
-        raise BadInput(f"alpha: a significance level between 0 and 1 such as 0.01 (got {alpha})")
 

@@ -23,9 +23,7 @@ import pandas as pd
 from scipy import stats
 
 from reference_trainer.config import PHASES
-
-DEFAULT_THRESHOLD = 0.05
-DEFAULT_ALPHA = 0.01
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
 # phase that costs 0.1% of the step explains nothing.
 MIN_PHASE_GROWTH_SHARE = 0.02
