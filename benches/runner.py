@@ -1,0 +1,168 @@
+"""Runs one suite point: R repeats of `python -m rlperf train`, each a fresh process with its own timeout,
+its output kept in a log file, and utilization sampled around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benches.store import PointRecord, utc_now
+from benches.suite import Point
+from reference_trainer.config import TrainConfig
+
+DEFAULTS = TrainConfig().to_dict()
+REASON_LINES = 8
+REASON_CHARS = 2000
+
+
+def train_flags(config: dict[str, Any]) -> list[str]:
+    """Command-line flags for every setting that differs from the trainer's default."""
+    flags = []
+    for name, value in config.items():
+        if value == DEFAULTS[name]:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif isinstance(value, dict):
+            for phase, ms in value.items():
+                flags += [flag, f"{phase}={ms}"]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "rlperf", "train", *train_flags(config), "--json", str(summary_path)]
+
+
+def last_lines(log_path: Path) -> str:
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return "\n".join(lines[-REASON_LINES:])[-REASON_CHARS:]
+
+
+def config_mismatch(requested: dict[str, Any], ran: dict[str, Any]) -> str | None:
+    """A setting the trainer did not honour (a knob silently ignored would make every figure a lie)."""
+    for name, value in requested.items():
+        if name in ran and ran[name] != value:
+            return f"the trainer ran {name}={ran[name]!r} but the point asked for {value!r}"
+    return None
+
+
+class UtilizationProbe:
+    """The profilers' NVML/CPU sampler, wrapped around each repeat; absent or disabled leaves no rows."""
+
+    def __init__(self, sample_hz: float):
+        self.sample_hz = sample_hz
+        self.sampler_class = None
+        self.unavailable: str | None = None
+        if sample_hz <= 0:
+            self.unavailable = "sampling turned off (sample_hz = 0)"
+            return
+        try:
+            from profilers.sampler import UtilizationSampler
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("profilers", "profilers.sampler"):
+                raise
+            self.unavailable = "profilers.sampler is not available in this checkout"
+            return
+        self.sampler_class = UtilizationSampler
+
+    def start(self, gpu_uuids: list[str]):
+        if self.sampler_class is None:
+            return None
+        sampler = self.sampler_class(interval_s=1.0 / self.sample_hz, gpu_uuids=gpu_uuids)
+        sampler.start()
+        if gpu_uuids and sampler.unavailable and not self.unavailable:
+            self.unavailable = sampler.unavailable
+        return sampler
+
+
+class PointRunner:
+    """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer)."""
+
+    def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
+                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command):
+        self.run_dir = run_dir
+        self.repeats = repeats
+        self.timeout_s = timeout_s
+        self.utilization = utilization
+        self.command_for = command_for
+
+    def point_dir(self, index: int, point: Point) -> Path:
+        slug = "".join(c if c.isalnum() or c in "._" else "-" for c in point.label.replace(" ", "_"))
+        return self.run_dir / "points" / f"{index:03d}_{slug}"[:120]
+
+    def run(self, index: int, point: Point, gpu_uuids: list[str]) -> PointRecord:
+        started_at, t0 = utc_now(), time.monotonic()
+        record = PointRecord(point_key=point.key, config=point.config, status="ok", started_at=started_at, seconds=0.0)
+        directory = self.point_dir(index, point)
+        directory.mkdir(parents=True, exist_ok=True)
+        for repeat in range(self.repeats):
+            status, reason, summary = self.run_repeat(point, repeat, directory, gpu_uuids, record)
+            if status != "ok":
+                record.status = status
+                record.reason = f"repeat {repeat + 1} of {self.repeats}: {reason}"
+                break
+            record.samples.append((repeat, summary))
+        record.seconds = time.monotonic() - t0
+        return record
+
+    def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
+                   record: PointRecord) -> tuple[str, str | None, dict[str, Any] | None]:
+        summary_path = directory / f"repeat-{repeat}.json"
+        log_path = directory / f"repeat-{repeat}.log"
+        summary_path.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "benches.launch", str(os.getpid()), *self.command_for(point.config, summary_path)]
+        sampler = self.utilization.start(gpu_uuids)
+        timed_out = False
+        try:
+            with open(log_path, "w") as log:
+                log.write("$ " + " ".join(command[4:]) + "\n")
+                log.flush()
+                # A session of its own lets a timeout end the trainer and any ranks it started, together.
+                child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+                try:
+                    child.wait(timeout=self.timeout_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                finally:
+                    if child.returncode is None:
+                        os.killpg(child.pid, signal.SIGKILL)
+                        child.wait()
+        finally:
+            if sampler is not None:
+                record.utilization += [(repeat, *row) for row in sampler.stop()]
+
+        if timed_out:
+            return "timeout", f"killed after {self.timeout_s:g} s\n{last_lines(log_path)}", None
+        if child.returncode != 0:
+            return "failed", f"{exit_text(child.returncode)}\n{last_lines(log_path)}", None
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError) as exc:
+            return "failed", f"exit code 0 but no readable summary ({exc})\n{last_lines(log_path)}", None
+        mismatch = config_mismatch(point.config, summary.get("config", {}))
+        if mismatch:
+            return "failed", mismatch, None
+        return "ok", None, summary
+
+
+def exit_text(returncode: int) -> str:
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (the kernel's out-of-memory killer?)" if returncode == -signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {returncode}"

@@ -1,0 +1,363 @@
+"""The SQLite results store: every run, point and sample the harness measured, written as it happens.
+
+Writes are one transaction per finished point, in WAL mode with full syncs, so killing the writer at any
+moment loses at most the point in flight and leaves a store that opens cleanly. Readers (reports,
+comparisons, pandas users) use the reading methods here and never write SQL of their own.
+The schema is documented in docs/results-format.md, "Results store".
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import quote
+
+import pandas as pd
+
+from rlperf.errors import BadInput
+
+# "RLPF": marks a SQLite file as an rlperf store, so a stray database is refused rather than misread.
+APPLICATION_ID = 0x524C5046
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("running", "complete", "interrupted")
+POINT_STATUSES = ("ok", "failed", "skipped", "timeout")
+
+SCHEMA = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    suite TEXT NOT NULL,
+    suite_hash TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    status TEXT NOT NULL CHECK (status IN ('running', 'complete', 'interrupted')),
+    fingerprint TEXT NOT NULL,
+    machine_key TEXT NOT NULL,
+    git_commit TEXT,
+    git_dirty INTEGER,
+    label TEXT
+);
+CREATE TABLE points (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    point_key TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'failed', 'skipped', 'timeout')),
+    reason TEXT,
+    started_at TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (run_id, point_key)
+);
+CREATE TABLE samples (
+    run_id TEXT NOT NULL,
+    point_key TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    sps REAL,
+    sps_end_to_end REAL,
+    warmup_seconds REAL,
+    wall_seconds REAL,
+    phases TEXT NOT NULL,
+    mean_episode_return REAL,
+    summary TEXT NOT NULL,
+    PRIMARY KEY (run_id, point_key, repeat),
+    FOREIGN KEY (run_id, point_key) REFERENCES points(run_id, point_key)
+);
+CREATE TABLE utilization (
+    run_id TEXT NOT NULL,
+    point_key TEXT NOT NULL,
+    repeat INTEGER NOT NULL,
+    t_ns INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL
+);
+CREATE INDEX utilization_by_point ON utilization (run_id, point_key, repeat);
+CREATE TABLE collectives (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    op TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    world_size INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    repeat INTEGER NOT NULL,
+    time_us REAL NOT NULL,
+    algbw_gbps REAL,
+    busbw_gbps REAL
+);
+CREATE TABLE traces (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    point_key TEXT NOT NULL,
+    path TEXT NOT NULL,
+    summary TEXT NOT NULL
+);
+"""
+
+COLLECTIVE_COLUMNS = ("op", "backend", "world_size", "bytes", "repeat", "time_us", "algbw_gbps", "busbw_gbps")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class PointRecord:
+    """One finished point: its row, its samples (repeat, trainer summary) and its utilization series."""
+
+    point_key: str
+    config: dict[str, Any]
+    status: str
+    started_at: str
+    seconds: float
+    reason: str | None = None
+    samples: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    utilization: list[tuple[int, int, str, str, float]] = field(default_factory=list)
+
+
+class Store:
+    """A results store file. Open it with `Store.open`; `readonly=True` for readers."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection, readonly: bool):
+        self.path = path
+        self._db = connection
+        self.readonly = readonly
+
+    # ---- opening ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, readonly: bool = False) -> "Store":
+        path = Path(path)
+        if not path.is_file() and (readonly or path.exists()):
+            raise not_a_store(path, "no such file")
+        try:
+            if readonly:
+                db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+            else:
+                db = sqlite3.connect(path)
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            raise not_a_store(path, str(exc)) from None
+        if app_id == 0 and not tables and not readonly:
+            cls._create_schema(db)
+        elif app_id != APPLICATION_ID:
+            db.close()
+            raise not_a_store(path, "a SQLite file that rlperf did not write")
+        elif version != SCHEMA_VERSION:
+            db.close()
+            raise not_a_store(path, f"schema version {version}; this rlperf reads version {SCHEMA_VERSION}")
+        if not readonly:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+        return cls(path, db, readonly)
+
+    @staticmethod
+    def _create_schema(db: sqlite3.Connection) -> None:
+        with db:
+            db.executescript(
+                "BEGIN;" + SCHEMA + f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
+                "COMMIT;"
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- writing ---------------------------------------------------------------------------------------
+
+    def create_run(self, suite: str, suite_hash: str, fingerprint: dict[str, Any], machine_key: str,
+                   label: str | None = None) -> str:
+        """Starts a run (status `running`) and returns its id."""
+        run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{suite}-{uuid.uuid4().hex[:6]}"
+        git = fingerprint.get("git") or {}
+        dirty = git.get("dirty")
+        with self._db:
+            self._db.execute(
+                "INSERT INTO runs (run_id, suite, suite_hash, started_at, status, fingerprint, machine_key,"
+                " git_commit, git_dirty, label) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                (run_id, suite, suite_hash, utc_now(), json.dumps(fingerprint), machine_key, git.get("commit"),
+                 None if dirty is None else int(dirty), label),
+            )
+        return run_id
+
+    def record_point(self, run_id: str, record: PointRecord) -> None:
+        """Writes a point with all its samples and utilization rows in one transaction."""
+        if record.status not in POINT_STATUSES:
+            raise ValueError(f"point status must be one of {POINT_STATUSES}, not {record.status!r}")
+        with self._db:
+            self._db.execute(
+                "INSERT INTO points (run_id, point_key, config, status, reason, started_at, seconds)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, record.point_key, json.dumps(record.config), record.status, record.reason,
+                 record.started_at, record.seconds),
+            )
+            self._db.executemany(
+                "INSERT INTO samples (run_id, point_key, repeat, sps, sps_end_to_end, warmup_seconds, wall_seconds,"
+                " phases, mean_episode_return, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run_id, record.point_key, repeat, summary.get("sps"), summary.get("sps_end_to_end"),
+                     summary.get("warmup_seconds"), summary.get("wall_seconds"), json.dumps(summary.get("phases", {})),
+                     summary.get("mean_episode_return"), json.dumps(summary))
+                    for repeat, summary in record.samples
+                ],
+            )
+            self._db.executemany(
+                "INSERT INTO utilization (run_id, point_key, repeat, t_ns, source, metric, value)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, record.point_key, *row) for row in record.utilization],
+            )
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status must be one of {RUN_STATUSES}, not {status!r}")
+        with self._db:
+            self._db.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", (status, utc_now(), run_id))
+
+    def reopen_run(self, run_id: str) -> None:
+        """Marks an unfinished run as running again (`--resume`)."""
+        with self._db:
+            self._db.execute("UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?", (run_id,))
+
+    def add_collectives(self, run_id: str, rows: Iterable[dict[str, Any]]) -> None:
+        """Writes collective-bandwidth measurements (keys: COLLECTIVE_COLUMNS) in one transaction."""
+        self.require_run(run_id)
+        with self._db:
+            self._db.executemany(
+                f"INSERT INTO collectives (run_id, {', '.join(COLLECTIVE_COLUMNS)})"
+                f" VALUES (?, {', '.join('?' for _ in COLLECTIVE_COLUMNS)})",
+                [(run_id, *(row[name] for name in COLLECTIVE_COLUMNS)) for row in rows],
+            )
+
+    def add_trace(self, run_id: str, point_key: str, path: str, summary: dict[str, Any]) -> None:
+        self.require_run(run_id)
+        with self._db:
+            self._db.execute("INSERT INTO traces (run_id, point_key, path, summary) VALUES (?, ?, ?, ?)",
+                             (run_id, point_key, path, json.dumps(summary)))
+
+    # ---- reading ---------------------------------------------------------------------------------------
+
+    def runs(self) -> pd.DataFrame:
+        frame = self._frame("SELECT * FROM runs ORDER BY started_at, rowid")
+        return parse_json_columns(frame, "fingerprint")
+
+    def latest_run(self, suite: str | None = None) -> str:
+        sql, params = "SELECT run_id FROM runs", ()
+        if suite is not None:
+            sql, params = sql + " WHERE suite = ?", (suite,)
+        row = self._db.execute(sql + " ORDER BY started_at DESC, rowid DESC LIMIT 1", params).fetchone()
+        if row is None:
+            which = f"of suite {suite!r} " if suite else ""
+            raise BadInput(f"store: {self.path} has no runs {which}yet (run `rlperf bench` first)")
+        return row[0]
+
+    def resumable_run(self, suite: str, suite_hash: str, machine_key: str) -> str | None:
+        """The newest unfinished run of this exact suite file on this kind of machine, if any."""
+        row = self._db.execute(
+            "SELECT run_id FROM runs WHERE suite = ? AND suite_hash = ? AND machine_key = ?"
+            " AND status != 'complete' ORDER BY started_at DESC, rowid DESC LIMIT 1",
+            (suite, suite_hash, machine_key),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def finished_point_keys(self, run_id: str) -> set[str]:
+        return {row[0] for row in self._db.execute("SELECT point_key FROM points WHERE run_id = ?", (run_id,))}
+
+    def fingerprint(self, run_id: str) -> dict[str, Any]:
+        self.require_run(run_id)
+        return json.loads(self._db.execute("SELECT fingerprint FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0])
+
+    def points(self, run_id: str) -> pd.DataFrame:
+        self.require_run(run_id)
+        frame = self._frame("SELECT * FROM points WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return parse_json_columns(frame, "config")
+
+    def samples(self, run_id: str) -> pd.DataFrame:
+        self.require_run(run_id)
+        frame = self._frame("SELECT * FROM samples WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return parse_json_columns(frame, "phases", "summary")
+
+    def utilization(self, run_id: str) -> pd.DataFrame:
+        self.require_run(run_id)
+        return self._frame("SELECT * FROM utilization WHERE run_id = ? ORDER BY rowid", (run_id,))
+
+    def collectives(self, run_id: str) -> pd.DataFrame:
+        self.require_run(run_id)
+        return self._frame("SELECT * FROM collectives WHERE run_id = ? ORDER BY rowid", (run_id,))
+
+    def traces(self, run_id: str) -> pd.DataFrame:
+        self.require_run(run_id)
+        frame = self._frame("SELECT * FROM traces WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return parse_json_columns(frame, "summary")
+
+    def row_counts(self) -> dict[str, int]:
+        return {table: self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                for table in ("runs", "points", "samples", "utilization", "collectives", "traces")}
+
+    def export(self, run_id: str, path: str | Path) -> Path:
+        """Writes one row per sample (failed and skipped points as rows without figures), with the point's
+        config and phases as flat columns, as .csv, .parquet or .json (records) by the path's extension."""
+        path = Path(path)
+        writers = {".csv": lambda f: f.to_csv(path, index=False),
+                   ".parquet": lambda f: f.to_parquet(path, index=False),
+                   ".json": lambda f: f.to_json(path, orient="records", indent=1)}
+        if path.suffix not in writers:
+            raise BadInput(f"export: {path} has an unknown extension (allowed: {', '.join(writers)})")
+        writers[path.suffix](self.flat_table(run_id))
+        return path
+
+    def flat_table(self, run_id: str) -> pd.DataFrame:
+        points = self.points(run_id)
+        samples = self.samples(run_id).drop(columns=["run_id", "summary"])
+        table = points.drop(columns=["config"]).merge(samples, on="point_key", how="left")
+        phases = pd.json_normalize(table.pop("phases").map(lambda p: p if isinstance(p, dict) else {}).tolist())
+        configs = pd.json_normalize(points.set_index("point_key").loc[table["point_key"], "config"].tolist(),
+                                    max_level=0)
+        flat = pd.concat([table.reset_index(drop=True), phases.add_prefix("phase."), configs.add_prefix("config.")],
+                         axis=1)
+        for column in flat.columns:
+            if flat[column].map(lambda v: isinstance(v, (dict, list))).any():
+                flat[column] = flat[column].map(json.dumps)
+        return flat
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _frame(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        return pd.read_sql_query(sql, self._db, params=params)
+
+    def require_run(self, run_id: str) -> None:
+        if self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            known = [row[0] for row in self._db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 5")]
+            raise BadInput(f"run: no run {run_id!r} in {self.path} (newest: {', '.join(known) or 'none'})")
+
+
+def parse_json_columns(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    for column in columns:
+        frame[column] = frame[column].map(lambda text: None if text is None else json.loads(text))
+    return frame
+
+
+def not_a_store(path: Path, why: str) -> BadInput:
+    return BadInput(f"store: {path} is not an rlperf results store ({why})")
+
+
+def open_results(argument: str) -> tuple[Store, str]:
+    """Opens a RESULTS argument (`PATH` or `PATH::RUN_ID`) read-only; returns the store and the run to use
+    (the latest one when none is named)."""
+    path, sep, run_id = argument.partition("::")
+    store = Store.open(path, readonly=True)
+    if sep and run_id:
+        store.require_run(run_id)
+        return store, run_id
+    return store, store.latest_run()

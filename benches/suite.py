@@ -1,0 +1,240 @@
+"""Suite files: TOML descriptions of a sweep, expanded into points and checked before anything runs.
+
+A suite has fixed settings, axes whose cartesian product gives the points, optional `[[sweep]]` blocks
+(each one's axes are crossed with the top-level axes, and the points of all blocks are pooled) and
+`[[exclude]]` rules. Every point is checked with the trainer's own config rules, so a suite that would
+fail half-way is refused up front with the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.config import FIELD_TYPES, ConfigError, coerce, from_dict
+from benches.store import canonical_json
+from rlperf.errors import BadInput
+
+SUITES_DIR = Path(__file__).parent / "suites"
+# A traced run pays the profiler's overhead, so it is never a measurement: tracing belongs to `rlperf profile`.
+NOT_SWEEPABLE = ("trace_dir", "trace_epochs")
+SETTINGS = tuple(name for name in FIELD_TYPES if name not in NOT_SWEEPABLE)
+TOP_LEVEL = {
+    "description": "a sentence saying what the suite teaches",
+    "repeats": "how many times each point runs, each in a fresh process (an integer, 1 or more)",
+    "timeout_s": "seconds one repeat may take before it is killed (a number above 0)",
+    "sample_hz": "utilization samples per second while a point runs (a number, 0 turns sampling off)",
+    "fixed": "a table of trainer settings shared by every point",
+    "axes": "a table of setting = [values] swept as a cartesian product",
+    "sweep": "blocks of axes, each crossed with the top-level axes",
+    "exclude": "rules (setting = value or [values]) removing the points that match all of them",
+}
+DEFAULTS = {"description": "", "repeats": 3, "timeout_s": 600.0, "sample_hz": 5.0}
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str  # canonical JSON of the swept values: the point's identity in the store
+    axes: dict[str, Any]
+    config: dict[str, Any]  # every TrainConfig field, resolved
+
+    @property
+    def label(self) -> str:
+        return axes_label(self.axes)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    suite_hash: str
+    description: str
+    repeats: int
+    timeout_s: float
+    sample_hz: float
+    axis_names: tuple[str, ...]
+    points: tuple[Point, ...]
+
+
+def format_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def axes_label(axes: dict[str, Any]) -> str:
+    return " ".join(f"{name}={format_value(value)}" for name, value in axes.items()) or "(fixed settings)"
+
+
+def available_suites() -> list[str]:
+    return sorted(path.stem for path in SUITES_DIR.glob("*.toml"))
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A suite name from benches/suites/, or a path to a TOML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.parent != Path("."):
+        if candidate.is_file():
+            return candidate
+        raise BadInput(f"suite: {name_or_path} is not a file")
+    named = SUITES_DIR / f"{name_or_path}.toml"
+    if named.is_file():
+        return named
+    raise BadInput(f"suite: unknown suite {name_or_path!r} (allowed: {', '.join(available_suites())}, "
+                   "or a path to a .toml file)")
+
+
+def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Suite:
+    """Reads, expands and checks a suite. `overrides` replace fixed settings (e.g. the device from the
+    command line) and are part of the suite hash, so a resumed run never mixes two devices."""
+    path = resolve_path(name_or_path)
+    raw = path.read_bytes()
+    where = display_path(path)
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise BadInput(f"{where}: not valid TOML ({exc})") from None
+    return SuiteReader(where, document).read(path, raw, overrides or {})
+
+
+def display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+class SuiteReader:
+    """Checks one parsed suite document; every error names the file and the key."""
+
+    def __init__(self, where: str, document: dict[str, Any]):
+        self.where = where
+        self.document = document
+
+    def fail(self, key: str, what: str) -> BadInput:
+        return BadInput(f"{self.where}: {key}: {what}")
+
+    def read(self, path: Path, raw: bytes, overrides: dict[str, Any]) -> Suite:
+        for key in self.document:
+            if key not in TOP_LEVEL:
+                raise self.fail(key, f"unknown key (allowed: {', '.join(TOP_LEVEL)})")
+        options = {**DEFAULTS, **{k: self.document[k] for k in DEFAULTS if k in self.document}}
+        self.check_options(options)
+
+        fixed = self.settings_table("fixed", self.document.get("fixed", {}))
+        top_axes = self.axes_table("axes", self.document.get("axes", {}))
+        sweeps = self.document.get("sweep", [{}])
+        if not isinstance(sweeps, list) or not sweeps:
+            raise self.fail("sweep", "must be one or more [[sweep]] blocks")
+        blocks = []
+        for index, block in enumerate(sweeps):
+            axes = self.axes_table(f"sweep[{index}]", block)
+            for name in axes:
+                if name in top_axes:
+                    raise self.fail(f"sweep[{index}].{name}", "is already a top-level axis; sweep it in one place")
+            blocks.append({**top_axes, **axes})
+        axis_names = tuple(dict.fromkeys(name for block in blocks for name in block))
+        for name in axis_names:
+            if name in fixed:
+                raise self.fail(f"fixed.{name}", "is also swept as an axis; set it in one place")
+        for name, value in overrides.items():
+            if name in axis_names:
+                raise self.fail(name, f"is swept as an axis here, so it cannot be overridden (to {value!r})")
+        fixed.update(overrides)
+        excludes = self.exclude_rules(axis_names)
+
+        points: dict[str, Point] = {}
+        for block in blocks:
+            for values in itertools.product(*block.values()):
+                axes = dict(zip(block, values))
+                point = self.make_point(fixed, axes)
+                if not any(matches(rule, point.config) for rule in excludes):
+                    points.setdefault(point.key, point)
+        if not points:
+            raise self.fail("exclude", "removes every point of the suite")
+
+        digest = hashlib.sha256(raw)
+        if overrides:
+            digest.update(json.dumps(overrides, sort_keys=True).encode())
+        return Suite(name=path.stem, path=path, suite_hash=digest.hexdigest()[:16],
+                     description=str(options["description"]), repeats=options["repeats"],
+                     timeout_s=float(options["timeout_s"]), sample_hz=float(options["sample_hz"]),
+                     axis_names=axis_names, points=tuple(points.values()))
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        def is_number(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        checks = {
+            "description": isinstance(options["description"], str),
+            "repeats": isinstance(options["repeats"], int) and not isinstance(options["repeats"], bool)
+            and options["repeats"] >= 1,
+            "timeout_s": is_number(options["timeout_s"]) and options["timeout_s"] > 0,
+            "sample_hz": is_number(options["sample_hz"]) and options["sample_hz"] >= 0,
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise self.fail(key, f"must be {TOP_LEVEL[key]} (got {options[key]!r})")
+
+    def check_setting(self, key: str, name: str, value: Any) -> Any:
+        if name not in SETTINGS:
+            hint = " (tracing belongs to `rlperf profile`)" if name in NOT_SWEEPABLE else ""
+            raise self.fail(key, f"unknown setting{hint} (allowed: {', '.join(SETTINGS)})")
+        try:
+            return coerce(name, value)
+        except ConfigError as exc:
+            raise self.fail(key, config_error_text(exc, name)) from None
+
+    def settings_table(self, key: str, table: Any) -> dict[str, Any]:
+        if not isinstance(table, dict):
+            raise self.fail(key, f"must be {TOP_LEVEL[key]}")
+        return {name: self.check_setting(f"{key}.{name}", name, value) for name, value in table.items()}
+
+    def axes_table(self, key: str, table: Any) -> dict[str, list[Any]]:
+        if not isinstance(table, dict):
+            raise self.fail(key, "must be a table of setting = [values]")
+        axes = {}
+        for name, values in table.items():
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"{key}.{name}", f"must be a non-empty list of values (got {values!r})")
+            axes[name] = [self.check_setting(f"{key}.{name}[{i}]", name, value) for i, value in enumerate(values)]
+        return axes
+
+    def exclude_rules(self, axis_names: tuple[str, ...]) -> list[dict[str, list[Any]]]:
+        rules = self.document.get("exclude", [])
+        if not isinstance(rules, list):
+            raise self.fail("exclude", "must be [[exclude]] blocks of setting = value or [values]")
+        checked = []
+        for index, rule in enumerate(rules):
+            if not isinstance(rule, dict) or not rule:
+                raise self.fail(f"exclude[{index}]", "must be a non-empty table of setting = value or [values]")
+            checked_rule = {}
+            for name, values in rule.items():
+                key = f"exclude[{index}].{name}"
+                if name not in axis_names:
+                    raise self.fail(key, f"is not an axis of this suite (axes: {', '.join(axis_names) or 'none'})")
+                values = values if isinstance(values, list) else [values]
+                checked_rule[name] = [self.check_setting(key, name, value) for value in values]
+            checked.append(checked_rule)
+        return checked
+
+    def make_point(self, fixed: dict[str, Any], axes: dict[str, Any]) -> Point:
+        try:
+            config = from_dict({**fixed, **axes}).to_dict()
+        except ConfigError as exc:
+            raise self.fail(f"point [{axes_label(axes)}]", str(exc)) from None
+        return Point(key=canonical_json(axes), axes=axes, config=config)
+
+
+def matches(rule: dict[str, list[Any]], config: dict[str, Any]) -> bool:
+    return all(config[name] in values for name, values in rule.items())
+
+
+def config_error_text(exc: ConfigError, setting: str) -> str:
+    """The config's message without its field name when the key in front of it already says it."""
+    prefix = f"{exc.field_name}: "
+    text = str(exc)
+    return text[len(prefix):] if exc.field_name == setting and text.startswith(prefix) else text

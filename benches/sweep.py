@@ -1,0 +1,229 @@
+"""A sweep from suite file to stored run: check everything, record the points this machine cannot run,
+run the rest one by one with live progress, then summarise, export and render the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from benches import suite as suites
+from benches.cli import STORE_FILE
+from benches.fingerprint import collect, machine_key
+from benches.probe import Machine, probe
+from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.store import PointRecord, Store, utc_now
+from reference_trainer.config import PHASES
+from rlperf.errors import BadInput
+
+# Phases under this share in every point are left out of the terminal table (they stay in the store).
+MIN_SHOWN_SHARE = 0.005
+
+
+@dataclass
+class SweepOptions:
+    suite: str
+    out_dir: Path
+    resume: bool = False
+    repeats: int | None = None
+    device: str | None = None
+    timeout_s: float | None = None
+    sample_hz: float | None = None
+    label: str | None = None
+    export: Path | None = None
+
+
+class Sweep:
+    def __init__(self, options: SweepOptions, console: Console | None = None,
+                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command,
+                 machine: Machine | None = None):
+        self.options = options
+        self.console = console or default_console()
+        self.command_for = command_for
+        self.machine = machine
+
+    def run(self) -> int:
+        opts = self.options
+        suite = suites.load(opts.suite)  # a bad suite stops here, before the store is touched
+        machine = self.machine or probe()
+        overrides = {}
+        if opts.device:
+            overrides = {"device": machine.resolve_device(opts.device)}
+            suite = suites.load(opts.suite, overrides)
+        if opts.export is not None and opts.export.suffix not in (".csv", ".parquet", ".json"):
+            raise BadInput(f"--export: {opts.export} must end in .csv, .parquet or .json")
+        fingerprint = collect(machine, suite.suite_hash, overrides)
+        key = machine_key(fingerprint)
+
+        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        store_path = opts.out_dir / STORE_FILE
+        with Store.open(store_path) as store:
+            run_id, done = self.start_run(store, suite, fingerprint, key)
+            try:
+                self.record_skipped(store, run_id, suite, machine, done)
+                self.run_points(store, run_id, suite, machine, done)
+            except KeyboardInterrupt:
+                store.finish_run(run_id, "interrupted")
+                stored = len(store.finished_point_keys(run_id))
+                self.console.print(f"interrupted: {stored} of {len(suite.points)} points are stored; "
+                                   f"`rlperf bench --suite {opts.suite} --out {opts.out_dir} --resume` continues")
+                raise
+            store.finish_run(run_id, "complete")
+            failed = self.print_summary(store, run_id, suite)
+            if opts.export is not None:
+                self.console.print(f"exported {store.export(run_id, opts.export)}")
+        report_status = self.render_report(store_path, run_id, opts.out_dir / run_id / "report")
+        return 1 if failed or report_status else 0
+
+    def start_run(self, store: Store, suite: suites.Suite, fingerprint: dict[str, Any],
+                  key: str) -> tuple[str, set[str]]:
+        if self.options.resume:
+            run_id = store.resumable_run(suite.name, suite.suite_hash, key)
+            if run_id is not None:
+                store.reopen_run(run_id)
+                done = store.finished_point_keys(run_id)
+                self.console.print(f"resuming run {run_id}: {len(done)} of {len(suite.points)} points already stored")
+                return run_id, done
+            self.console.print(f"--resume: no unfinished run of suite {suite.name} (hash {suite.suite_hash}) "
+                               f"on this machine in {store.path}; starting a new run")
+        run_id = store.create_run(suite.name, suite.suite_hash, fingerprint, key, self.options.label)
+        self.console.print(f"run {run_id}: suite {suite.name}, {len(suite.points)} points, store {store.path}")
+        return run_id, set()
+
+    def record_skipped(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine, done: set[str]) -> None:
+        for point in suite.points:
+            reason = machine.skip_reason(point.config)
+            if reason is not None and point.key not in done:
+                store.record_point(run_id, PointRecord(point_key=point.key, config=point.config, status="skipped",
+                                                       started_at=utc_now(), seconds=0.0, reason=reason))
+                done.add(point.key)
+                self.console.print(f"skipped {point.label}: {reason}")
+
+    def run_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine, done: set[str]) -> None:
+        opts = self.options
+        todo = [(index, point) for index, point in enumerate(suite.points) if point.key not in done]
+        utilization = UtilizationProbe(suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
+        runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_s or suite.timeout_s,
+                             utilization, self.command_for)
+        if not todo:
+            return
+        reported_unavailable = False
+        started = time.monotonic()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[last]}"))
+        with Progress(*columns, console=self.console) as progress:
+            task = progress.add_task("", total=len(todo), eta="?", last="")
+            for number, (index, point) in enumerate(todo, start=1):
+                progress.update(task, description=f"point {number}/{len(todo)} {point.label}")
+                record = runner.run(index, point, machine.gpu_uuids(point.config))
+                store.record_point(run_id, record)
+                elapsed = time.monotonic() - started
+                remaining = elapsed / number * (len(todo) - number)
+                last = point_result_text(record)
+                progress.update(task, advance=1, eta=format_seconds(remaining), last=f"last: {last}")
+                progress.console.print(f"[{number}/{len(todo)}] {point.label}: {last} ({record.seconds:.1f} s)")
+                if record.status != "ok":
+                    progress.console.print(f"    {record.reason.splitlines()[-1] if record.reason else ''}",
+                                           markup=False)
+                if utilization.unavailable and not reported_unavailable:
+                    progress.console.print(f"utilization: {utilization.unavailable}")
+                    reported_unavailable = True
+
+    def print_summary(self, store: Store, run_id: str, suite: suites.Suite) -> int:
+        """Prints the per-point table; returns how many points failed or timed out."""
+        order = {point.key: index for index, point in enumerate(suite.points)}
+        points = store.points(run_id)
+        points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
+        table_data = summarise(points, store.samples(run_id))
+        table = Table(title=f"run {run_id} ({suite.name}): steady SPS per point, median of the repeats")
+        axes = list(suite.axis_names)
+        shown_phases = [phase for phase in PHASES if f"share.{phase}" in table_data
+                        and (table_data[f"share.{phase}"] >= MIN_SHOWN_SHARE).any()]
+        for name in axes:
+            table.add_column(name)
+        table.add_column("status")
+        table.add_column("n", justify="right")
+        table.add_column("SPS", justify="right")
+        table.add_column("spread", justify="right")
+        table.add_column("e2e SPS", justify="right")
+        for phase in shown_phases:
+            table.add_column(phase, justify="right")
+        for row in table_data.to_dict("records"):
+            values = [suites.format_value(row["axes"][name]) if name in row["axes"] else "" for name in axes]
+            values += [row["status"], str(row["n"]), format_count(row["sps_median"]), format_spread(row["spread"]),
+                       format_count(row["sps_e2e_median"])]
+            values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
+            table.add_row(*values)
+        self.console.print(table)
+        self.console.print("spread: (max - min) / median of the repeats; phase columns: share of steady time. "
+                           f"Logs: {self.options.out_dir / run_id / 'points'}")
+        return int(table_data["status"].isin(["failed", "timeout"]).sum())
+
+    def render_report(self, store_path: Path, run_id: str, out_dir: Path) -> int:
+        try:
+            from reports.render import render_run
+        except ImportError as exc:
+            if exc.name not in ("reports", "reports.render"):
+                raise
+            self.console.print(f"report: not rendered (reports.render.render_run is not available: {exc})")
+            return 0
+        status = render_run(str(store_path), run_id, str(out_dir))
+        self.console.print(f"report: {out_dir}")
+        return status
+
+
+def summarise(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: status, sample count, median and spread of SPS, phase shares of steady time."""
+    rows = []
+    for point in points.itertuples(index=False):
+        mine = samples[samples["point_key"] == point.point_key]
+        row: dict[str, Any] = {"axes": json.loads(point.point_key), "status": point.status, "n": len(mine),
+                               "sps_median": None, "spread": None, "sps_e2e_median": None}
+        if len(mine):
+            median = mine["sps"].median()
+            row.update(sps_median=median, spread=(mine["sps"].max() - mine["sps"].min()) / median if median else None,
+                       sps_e2e_median=mine["sps_end_to_end"].median())
+            steady = sum(summary["steady_seconds"] for summary in mine["summary"])
+            for phase in PHASES:
+                row[f"share.{phase}"] = sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def point_result_text(record: PointRecord) -> str:
+    if record.status != "ok":
+        return record.status
+    sps = pd.Series([summary["sps"] for _, summary in record.samples])
+    return f"{format_count(sps.median())} SPS"
+
+
+def format_count(value: float | None) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:,.0f}"
+
+
+def format_spread(value: float | None) -> str:
+    return "" if value is None or pd.isna(value) else f"{100 * value:.1f}%"
+
+
+def format_share(value: float | None) -> str:
+    return "" if value is None or pd.isna(value) else f"{100 * value:.0f}%"
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def default_console() -> Console:
+    probe_console = Console()
+    # Piped output (CI logs, nox) would otherwise be cut to 80 columns and squeeze the table.
+    return probe_console if probe_console.is_terminal else Console(width=160, file=sys.stdout)
