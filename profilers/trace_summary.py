@@ -1,0 +1,181 @@
+"""What one torch.profiler trace of the trainer says: where the device and the host spent the traced epochs.
+
+GPU traces go through HTA (Holistic Trace Analysis) for what it computes well: the GPU's busy / idle /
+compute / non-compute time and the kernel breakdown. HTA does not analyse CPU-only traces (its temporal
+breakdown needs device activity and fails without it) and it reports no event counts or copy sizes, so
+host ranges, operator self time, launch, kernel and synchronisation counts and copy bytes are read from
+the trace events directly, for both kinds of trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+from profilers import trace_events
+from reference_trainer.config import PHASES
+
+TOP_N = 10
+# Host API calls that put work on the device; a CUDA graph replay counts once, like any launch.
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel",
+    "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch",
+})
+# Host API calls that block the host until the device catches up. cudaMemcpy without Async always
+# waits for the copy; `.item()` and `.cpu()` show up as cudaMemcpyAsync followed by cudaStreamSynchronize.
+SYNC_CALLS = frozenset({
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
+    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
+})
+HOST_API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+
+
+def summarize_trace(path: str | Path, run_summary: dict) -> dict:
+    """Summary of the trace at `path`; `run_summary` is the trainer's --json summary of the same run."""
+    path = Path(path)
+    trace = trace_events.load(path)
+    config = run_summary["config"]
+    steps_per_epoch = config["num_envs"] // config["world_size"] * config["horizon"]
+    profiler_steps = trace_events.profiler_steps(trace)
+    epochs = len(profiler_steps) or config["trace_epochs"]
+    env_steps = epochs * steps_per_epoch
+    has_gpu = bool(trace_events.complete_events(trace, trace_events.GPU_ACTIVITY_CATEGORIES))
+
+    summary = {
+        "trace": str(path),
+        "bytes": path.stat().st_size,
+        "kind": "gpu" if has_gpu else "cpu",
+        "traced_epochs": epochs,
+        "env_steps": env_steps,
+        "window_us": sum(step["dur"] for step in profiler_steps) or None,
+        "phases_host_us": _range_totals(trace, trace_events.HOST_RANGE_CATEGORY),
+        "phases_device_us": _range_totals(trace, trace_events.DEVICE_RANGE_CATEGORY) if has_gpu else None,
+        "top_operators": _top_operators(trace),
+        # the host-side analogue of launches per step: every operator dispatched pays Python and dispatcher cost
+        "cpu_ops_per_env_step": _count(trace, ("cpu_op",)) / env_steps,
+    }
+    if has_gpu:
+        summary.update(_gpu_event_counts(trace, epochs, env_steps))
+        summary.update(_hta_device_time(path))
+    else:
+        summary["gpu"] = None
+        summary["gpu_unavailable"] = "CPU trace: no device activity to analyse"
+    return summary
+
+
+def _range_totals(trace: dict, category: str) -> dict[str, float]:
+    totals = dict.fromkeys(PHASES, 0.0)
+    for event in trace_events.complete_events(trace, category):
+        if event["name"] in totals:
+            totals[event["name"]] += event["dur"]
+    return totals
+
+
+def _count(trace: dict, categories: tuple[str, ...], names: frozenset[str] | None = None) -> int:
+    return sum(1 for e in trace_events.complete_events(trace, categories) if names is None or e["name"] in names)
+
+
+def _top_operators(trace: dict) -> list[dict]:
+    """CPU operators by self time (time not spent in a nested event on the same thread), so wrappers such
+    as autograd's engine do not crowd out the operators that do the work."""
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X" and isinstance(event.get("pid"), int) and event.get("cat") not in (
+            trace_events.GPU_ACTIVITY_CATEGORIES + (trace_events.DEVICE_RANGE_CATEGORY,)
+        ):
+            by_thread[(event["pid"], event["tid"])].append(event)
+    self_us: Counter[str] = Counter()
+    total_us: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_events: list[list] = []  # [event, time spent in its direct children]
+        for event in events:
+            while open_events and open_events[-1][0]["ts"] + open_events[-1][0]["dur"] <= event["ts"]:
+                _close(open_events.pop(), self_us)
+            if open_events:
+                open_events[-1][1] += event["dur"]
+            open_events.append([event, 0.0])
+            if event.get("cat") == "cpu_op":
+                total_us[event["name"]] += event["dur"]
+                calls[event["name"]] += 1
+        while open_events:
+            _close(open_events.pop(), self_us)
+    return [
+        {"name": name, "calls": calls[name], "self_us": round(self_us[name], 3), "total_us": round(total_us[name], 3)}
+        for name, _ in sorted(((n, self_us[n]) for n in calls), key=lambda item: -item[1])[:TOP_N]
+    ]
+
+
+def _close(entry: list, self_us: Counter) -> None:
+    event, children_us = entry
+    if event.get("cat") == "cpu_op":
+        self_us[event["name"]] += max(event["dur"] - children_us, 0.0)
+
+
+def _gpu_event_counts(trace: dict, epochs: int, env_steps: int) -> dict:
+    copies: dict[str, dict] = {}
+    for event in trace_events.complete_events(trace, "gpu_memcpy"):
+        # Kineto names copies "Memcpy HtoD (Pageable -> Device)"; the second word is the direction
+        words = event["name"].split()
+        direction = words[1] if len(words) > 1 else event["name"]
+        entry = copies.setdefault(direction, {"count": 0, "bytes": 0, "us": 0.0})
+        entry["count"] += 1
+        entry["bytes"] += int(event.get("args", {}).get("bytes", 0))
+        entry["us"] += event["dur"]
+    for entry in copies.values():
+        entry["gb_per_s"] = entry["bytes"] / entry["us"] / 1e3 if entry["us"] else None
+    return {
+        "launches_per_env_step": _count(trace, HOST_API_CATEGORIES, LAUNCH_CALLS) / env_steps,
+        "kernels_per_env_step": _count(trace, ("kernel",)) / env_steps,
+        "host_syncs_per_epoch": _count(trace, HOST_API_CATEGORIES, SYNC_CALLS) / epochs,
+        "sync_calls": dict(Counter(
+            e["name"] for e in trace_events.complete_events(trace, HOST_API_CATEGORIES) if e["name"] in SYNC_CALLS
+        )),
+        "copies": copies,
+    }
+
+
+@contextmanager
+def _hta_quiet():
+    hta_logger = logging.getLogger("hta")
+    level = hta_logger.level
+    hta_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hta_logger.setLevel(level)
+
+
+def _hta_device_time(path: Path) -> dict:
+    from hta.trace_analysis import TraceAnalysis
+
+    try:
+        with _hta_quiet():
+            analysis = TraceAnalysis(trace_files={0: str(path)}, trace_dir=str(path.parent),
+                                     include_last_profiler_step=True)
+            temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+            _, kernels = analysis.get_gpu_kernel_breakdown(visualize=False, num_kernels=TOP_N, duration_ratio=1.0,
+                                                           include_memory_kernels=True)
+    except Exception as exc:  # HTA raises whatever its parser meets; the host-side summary still stands
+        return {"gpu": None, "gpu_unavailable": f"HTA could not analyse the trace ({type(exc).__name__}: {exc})"}
+    span = float(temporal["kernel_time(us)"])
+    idle = float(temporal["idle_time(us)"])
+    top = kernels.sort_values("sum (us)", ascending=False).head(TOP_N)
+    return {
+        "gpu": {
+            "span_us": span,
+            "busy_us": span - idle,
+            "idle_us": idle,
+            "busy_fraction": (span - idle) / span if span else None,
+            "compute_us": float(temporal["compute_time(us)"]),
+            "non_compute_us": float(temporal["non_compute_time(us)"]),
+        },
+        "top_kernels": [
+            {"name": row["name"], "kind": row["kernel_type"], "total_us": float(row["sum (us)"]),
+             "calls": round(row["sum (us)"] / row["mean (us)"]) if row["mean (us)"] else None}
+            for _, row in top.iterrows()
+        ],
+    }
