@@ -149,6 +149,15 @@ def _hta_quiet():
         hta_logger.setLevel(level)
 
 
+def _drop_device_ranges(analysis) -> None:
+    """HTA 0.5 keeps the phase ranges Kineto draws on the GPU rows, and when they carry a stream its
+    temporal breakdown counts them as kernels: a phase would read as busy for its whole length."""
+    category = analysis.t.symbol_table.get_sym_id_map().get(trace_events.DEVICE_RANGE_CATEGORY)
+    if category is not None:
+        for rank, frame in analysis.t.traces.items():
+            analysis.t.traces[rank] = frame[frame["cat"] != category]
+
+
 def _hta_device_time(path: Path) -> dict:
     from hta.trace_analysis import TraceAnalysis
 
@@ -156,6 +165,7 @@ def _hta_device_time(path: Path) -> dict:
         with _hta_quiet():
             analysis = TraceAnalysis(trace_files={0: str(path)}, trace_dir=str(path.parent),
                                      include_last_profiler_step=True)
+            _drop_device_ranges(analysis)
             temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
             _, kernels = analysis.get_gpu_kernel_breakdown(visualize=False, num_kernels=TOP_N, duration_ratio=1.0,
                                                            include_memory_kernels=True)

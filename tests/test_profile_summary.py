@@ -1,0 +1,116 @@
+"""Trace summary, utilization summary and flame graph layout on inputs whose answers are known."""
+
+import gzip
+import json
+
+import pytest
+
+from profilers.pyspy import _layout
+from profilers.trace_summary import summarize_trace
+from profilers.utilization import summarize_utilization
+from rlperf.errors import BadInput
+
+HOST, DEVICE, STREAM = 4242, 0, 7
+
+
+def kineto_like_gpu_trace(path, epochs=2):
+    """Events shaped as Kineto writes them for a CUDA run (categories, args, correlation ids). Each phase
+    launches one 30 us kernel, copies 100 kB host->device in 10 us and synchronises once; phases start
+    100 us apart, so the GPU is busy 40 of every 100 us."""
+    events = [
+        {"ph": "M", "name": "process_name", "pid": HOST, "tid": 0, "args": {"name": "python"}},
+        {"ph": "M", "name": "process_name", "pid": DEVICE, "tid": 0, "args": {"name": "python"}},
+        {"ph": "M", "name": "process_labels", "pid": DEVICE, "tid": 0, "args": {"labels": "GPU 0"}},
+    ]
+    t, correlation = 1000.0, 1
+    gpu = {"device": 0, "stream": STREAM, "context": 1}
+    for epoch in range(epochs):
+        step_start = t
+        for phase in ("env", "eval_forward", "learn"):
+            events += [
+                {"ph": "X", "cat": "user_annotation", "name": phase, "pid": HOST, "tid": HOST, "ts": t, "dur": 90.0,
+                 "args": {"External id": correlation}},
+                {"ph": "X", "cat": "gpu_user_annotation", "name": phase, "pid": DEVICE, "tid": STREAM, "ts": t + 5,
+                 "dur": 80.0, "args": {"External id": correlation, **gpu}},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": HOST, "tid": HOST, "ts": t + 1, "dur": 20.0,
+                 "args": {"External id": correlation + 1}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": HOST, "tid": HOST, "ts": t + 2,
+                 "dur": 5.0, "args": {"correlation": correlation, "External id": correlation + 1}},
+                {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "pid": DEVICE, "tid": STREAM, "ts": t + 10,
+                 "dur": 30.0, "args": {"correlation": correlation, "External id": correlation + 1, **gpu}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": HOST, "tid": HOST, "ts": t + 30,
+                 "dur": 4.0, "args": {"correlation": correlation + 1, "External id": correlation + 1}},
+                {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": DEVICE,
+                 "tid": STREAM, "ts": t + 45, "dur": 10.0,
+                 "args": {"correlation": correlation + 1, "External id": correlation + 1, "bytes": 100_000,
+                          "memory bandwidth (GB/s)": 10.0, **gpu}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": HOST, "tid": HOST,
+                 "ts": t + 50, "dur": 8.0, "args": {"correlation": correlation + 2, "External id": correlation + 1}},
+            ]
+            correlation += 3
+            t += 100
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{epoch + 1}", "pid": HOST,
+                       "tid": HOST, "ts": step_start - 0.5, "dur": t - step_start + 0.5, "args": {"External id": 0}})
+    trace = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Test GPU"}], "distributedInfo": {"rank": 0},
+             "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    return path
+
+
+RUN = {"config": {"num_envs": 4, "world_size": 1, "horizon": 5, "trace_epochs": 2}}
+
+
+def test_gpu_trace_summary(tmp_path):
+    summary = summarize_trace(kineto_like_gpu_trace(tmp_path / "trace.json.gz"), RUN)
+    assert summary["kind"] == "gpu" and summary["traced_epochs"] == 2 and summary["env_steps"] == 40
+    # HTA: from the first kernel (1010 us) to the last copy's end (1555 us), 6 x (30 + 10) us busy
+    assert summary["gpu"]["span_us"] == pytest.approx(545.0)
+    assert summary["gpu"]["busy_us"] == pytest.approx(240.0)
+    assert summary["gpu"]["idle_us"] == pytest.approx(305.0)
+    assert summary["gpu"]["compute_us"] == pytest.approx(180.0)
+    assert summary["top_kernels"][0] == {"name": "gemm_kernel", "kind": "COMPUTATION", "total_us": 180.0, "calls": 6}
+    assert summary["launches_per_env_step"] == pytest.approx(6 / 40)
+    assert summary["kernels_per_env_step"] == pytest.approx(6 / 40)
+    assert summary["host_syncs_per_epoch"] == 3
+    assert summary["copies"] == {"HtoD": {"count": 6, "bytes": 600_000, "us": 60.0, "gb_per_s": 10.0}}
+    assert summary["phases_host_us"]["learn"] == 180.0 and summary["phases_device_us"]["learn"] == 160.0
+    # aten::mm holds a 5 us launch call, so 15 us of its 20 us are its own
+    assert summary["top_operators"] == [{"name": "aten::mm", "calls": 6, "self_us": 90.0, "total_us": 120.0}]
+
+
+def test_unreadable_trace_is_bad_input(tmp_path):
+    broken = tmp_path / "trace.json.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(BadInput, match=r"trace: .*trace.json.gz is not a readable Chrome trace"):
+        summarize_trace(broken, RUN)
+
+
+def test_utilization_summary_per_source():
+    second = 1_000_000_000
+    rows = []
+    for i in range(11):  # 10 s at 1 Hz: 50% busy, energy counter rising 300 J/s
+        t = 100 * second + i * second
+        rows += [(t, "gpu:GPU-a", "gpu_util_percent", 50.0), (t, "gpu:GPU-a", "energy_j", 1000.0 + 300.0 * i),
+                 (t, "gpu:GPU-a", "power_w", 290.0), (t, "cpu", "cpu_util_percent", 25.0),
+                 (t, "cpu", "ram_used_bytes", 1e9 + i)]
+    summary = summarize_utilization(rows, steps=2_000_000)
+    gpu = summary["gpu:GPU-a"]
+    assert gpu["samples"] == 11 and gpu["seconds"] == 10.0
+    assert gpu["mean_util_percent"] == 50.0
+    assert gpu["util_seconds_per_m_steps"] == pytest.approx(2.5)  # 0.5 x 10 s / 2 M steps
+    assert gpu["energy_j_per_m_steps"] == pytest.approx(1500.0)  # 3000 J / 2 M steps
+    assert summary["cpu"]["mean_util_percent"] == 25.0 and summary["cpu"]["energy_j_per_m_steps"] is None
+    assert summary["cpu"]["max_mem_used_bytes"] == 1e9 + 10
+    window = summarize_utilization(rows, steps=1_000_000, start_ns=100 * second, end_ns=105 * second)
+    assert window["gpu:GPU-a"]["energy_j_per_m_steps"] == pytest.approx(1500.0)  # 1500 J / 1 M steps
+
+
+def test_flamegraph_layout_merges_shared_prefixes():
+    boxes = _layout({("t", "main", "a"): 3.0, ("t", "main", "b"): 1.0, ("t", "other"): 2.0})
+    by_label = {(label, level): (start, width) for label, level, start, width in boxes}
+    assert by_label[("t", 0)] == (0.0, 6.0)
+    assert by_label[("main", 1)] == (0.0, 4.0)
+    assert by_label[("a", 2)] == (0.0, 3.0) and by_label[("b", 2)] == (3.0, 1.0)
+    assert by_label[("other", 1)] == (4.0, 2.0)
+    assert len(boxes) == 5
