@@ -1,5 +1,6 @@
 """Two machines side by side: SPS per point, SPS per GPU, phase shares, and agent steps per dollar when
-hourly prices are given. Points are matched by configuration, as verdicts match them."""
+hourly prices are given. Points are matched by swept values and configuration, as verdicts match them,
+except for the device."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from reports.results import RunData, phase_us_per_step, point_table
 from reports.verdicts import match_key
 
 SECONDS_PER_HOUR = 3600
+# Two machines run a suite on their own devices (`rlperf bench --device`), so the device is not part of a
+# point's identity here.
+MACHINE_FIELDS = ("device",)
 
 
 def sps_per_gpu(sps: float, config: dict) -> float:
@@ -29,7 +33,7 @@ def side_points(run: RunData) -> dict[str, dict]:
     for point in run.points.itertuples():
         label = table.at[point.point_key, "label"]
         if point.status == "ok" and label in shares.index:
-            points[match_key(point.config)] = {"label": label, "config": point.config,
+            points[match_key(point.point_key, point.config, MACHINE_FIELDS)] = {"label": label, "config": point.config,
                                                "sps": table.at[point.point_key, "sps_median"],
                                                "shares": shares.loc[label]}
     return points

@@ -44,7 +44,7 @@ def fmt_change(relative: float) -> str:
 
 
 def fmt_p(p_value: float) -> str:
-    return "<0.0001" if p_value < 1e-4 else f"{p_value:.2g}"
+    return f"{p_value:.1e}" if p_value < 1e-3 else f"{p_value:.2g}"
 
 
 def machine_line(fingerprint: dict) -> str:
@@ -180,9 +180,10 @@ def scaling_section(run: RunData, table: pd.DataFrame) -> Section | None:
     groups: dict[str, list] = {}
     for point_key, sps in _medians_by_point(table).items():
         values = json.loads(point_key)
+        if "world_size" not in values or not np.isfinite(sps):
+            continue
         others = ", ".join(f"{k}={v}" for k, v in values.items() if k != "world_size")
-        if np.isfinite(sps):
-            groups.setdefault(others, []).append({"world_size": int(values["world_size"]), "sps": sps})
+        groups.setdefault(others, []).append({"world_size": int(values["world_size"]), "sps": sps})
     rows, frames = [], {}
     for label, entries in groups.items():
         frame = pd.DataFrame(entries).sort_values("world_size")

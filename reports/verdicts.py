@@ -59,11 +59,12 @@ class PointVerdict:
     phases_shrank: list[tuple[str, Change]] = field(default_factory=list)
 
 
-def match_key(config: dict) -> str:
-    """Identity of a point across runs: its resolved configuration, less the fields that only change how
-    it was observed."""
-    kept = {name: value for name, value in config.items() if name not in NOT_MATCHED_FIELDS}
-    return json.dumps(kept, sort_keys=True)
+def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> str:
+    """Identity of a point across runs: its swept values and its resolved configuration, less the fields
+    that only change how it was observed (and any `ignored` ones). The swept values are part of it because
+    two sweep blocks of one suite can resolve to the same configuration."""
+    kept = {name: value for name, value in config.items() if name not in NOT_MATCHED_FIELDS + ignored}
+    return json.dumps([json.loads(point_key), kept], sort_keys=True)
 
 
 def point_label(point_key: str) -> str:
@@ -182,7 +183,7 @@ def judge(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, basel
 
 
 def _by_match_key(points: pd.DataFrame) -> dict[str, pd.Series]:
-    return {match_key(row["config"]): row for _, row in points.iterrows()}
+    return {match_key(row["point_key"], row["config"]): row for _, row in points.iterrows()}
 
 
 def tally(verdicts: list[PointVerdict]) -> dict[str, int]:

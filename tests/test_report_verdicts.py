@@ -114,9 +114,11 @@ def test_every_point_gets_one_status():
 
 
 def test_points_match_by_configuration_ignoring_injected_delays():
+    key = json.dumps({"num_envs": 16})
     with_delay = {"env": "synthetic", "num_envs": 16, "inject_delay": {"learn": 20.0}}
-    assert match_key(with_delay) == match_key({**with_delay, "inject_delay": {}})
-    assert match_key(with_delay) != match_key({**with_delay, "num_envs": 32})
+    assert match_key(key, with_delay) == match_key(key, {**with_delay, "inject_delay": {}})
+    assert match_key(key, with_delay) != match_key(key, {**with_delay, "hidden_size": 32})
+    assert match_key(key, with_delay) != match_key(json.dumps({"world_size": 1}), with_delay)
 
 
 def test_point_label_reads_the_swept_values():

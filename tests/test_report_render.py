@@ -1,0 +1,315 @@
+"""Reports rendered from a real store: every section, hostile strings escaped, the HTML checked in a real
+headless browser, comparisons, the nightly trend, and bad input refused with one line and exit code 2.
+
+The store holds one real trainer summary, copied per point with its times scaled, plus utilization,
+collective and trace rows, so every section of the report has something to draw."""
+
+import copy
+import hashlib
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benches.fingerprint import machine_key
+from benches.runner import trainer_command
+from benches.store import PointRecord, Store, utc_now
+from reference_trainer.config import TrainConfig
+from reports.render import render_run
+from rlperf.cli import main
+
+HOSTILE = "<script>alert('pwned')</script>"
+HOSTILE_ENV = "gym:" + HOSTILE.replace(" ", "")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SWEEP = [{"num_envs": n, "dtype": d} for n in (16, 32) for d in ("fp32", "bf16")]
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    config = {**TrainConfig().to_dict(), "env": "synthetic", "num_envs": 16, "horizon": 16, "minibatch_size": 128,
+              "update_epochs": 1, "hidden_size": 32, "total_steps": 16 * 16 * 6, "threads": 1}
+    path = tmp_path_factory.mktemp("summary") / "summary.json"
+    subprocess.run(trainer_command(config, path), check=True, capture_output=True, timeout=120)
+    return json.loads(path.read_text())
+
+
+def fingerprint(gpu: str | None = None, torch: str = "2.13.0+cpu") -> dict:
+    gpus = [{"index": 0, "name": gpu, "uuid": "GPU-1", "driver": "560", "sm_clock_max_mhz": 2520,
+             "mem_clock_max_mhz": 10501, "power_limit_w": 450.0}] if gpu else []
+    return {"git": {"commit": "0123456789abcdef", "dirty": False}, "python": platform.python_version(),
+            "torch": torch, "cuda": "12.8" if gpu else None, "gpus": gpus, "cuda_devices": gpus,
+            "cpu": {"model": "Test CPU", "cores_logical": 2, "cores_physical": 2}, "hostname": "bench-host",
+            "thread_env": {"OMP_NUM_THREADS": "1"}, "suite_hash": "h"}
+
+
+def scaled(summary: dict, speed: float, config: dict, slow_phase: str | None = None) -> dict:
+    """The summary as if every timed second had been 1/speed as long, and `slow_phase` twice as long on top."""
+    out = copy.deepcopy(summary)
+    out["config"] = config
+
+    def retime(phases: dict) -> dict:
+        return {phase: seconds / speed * (2 if phase == slow_phase else 1) for phase, seconds in phases.items()}
+
+    for epoch in out["epochs"]:
+        epoch["phases"] = retime(epoch["phases"])
+        epoch["seconds"] = sum(epoch["phases"].values())
+    out["phases"] = retime(out["phases"])
+    out["steady_seconds"] = sum(out["phases"].values())
+    out["sps"] = out["steady_steps"] / out["steady_seconds"]
+    return out
+
+
+def with_ranks(summary: dict, world_size: int) -> dict:
+    out = copy.deepcopy(summary)
+    out["world_size"] = world_size
+    out["ranks"] = [{"rank": rank, "sps": out["sps"] / world_size,
+                     "phases": {p: s * (1 + 0.3 * rank) for p, s in out["phases"].items()}} for rank in range(world_size)]
+    return out
+
+
+def add_run(path, summary, speed=1.0, suite="smoke", print_=None, label=None, extras=True, slow_phase=None) -> str:
+    """A complete run of the sweep (and, with extras, world sizes, a failed hostile point, utilization,
+    collectives and a trace) at `speed` times the real summary's speed, `slow_phase` taking twice as long."""
+    print_ = print_ or fingerprint()
+    with Store.open(path) as db:
+        run_id = db.create_run(suite, "h", print_, machine_key(print_), label)
+        points = [(values, speed * (values["num_envs"] / 16) * (0.8 if values["dtype"] == "bf16" else 1.0))
+                  for values in SWEEP]
+        if extras:
+            points += [({"world_size": n}, speed * n * 0.9) for n in (1, 2)]
+        for values, point_speed in points:
+            config = {**summary["config"], **values}
+            samples = []
+            for repeat in range(3):
+                sample = scaled(summary, point_speed * (1 + 0.01 * repeat), config, slow_phase)
+                samples.append((repeat, with_ranks(sample, values["world_size"]) if "world_size" in values else sample))
+            utilization = [(0, 10**18 + i * 2 * 10**8, "cpu", "cpu_util_percent", 40.0 + i % 7) for i in range(20)]
+            db.record_point(run_id, PointRecord(json.dumps(values, sort_keys=True), config, "ok", utc_now(), 5.0,
+                                                samples=samples, utilization=utilization if extras else []))
+        if extras:
+            db.record_point(run_id, PointRecord(json.dumps({"env": HOSTILE_ENV}), {**summary["config"], "env": HOSTILE_ENV},
+                                                "failed", utc_now(), 1.0, reason=f"gymnasium: no env {HOSTILE}"))
+            db.add_collectives(run_id, [{"op": "all_reduce", "backend": "gloo", "world_size": 2, "bytes": 2**k,
+                                         "repeat": 0, "time_us": 50.0 + 2**k / 1e3, "algbw_gbps": 2**k / (50e3 + 2**k),
+                                         "busbw_gbps": 2**k / (50e3 + 2**k)} for k in range(10, 22, 2)])
+            db.add_trace(run_id, json.dumps({"num_envs": 16, "dtype": "fp32"}, sort_keys=True), "traces/t.json.gz",
+                         {"idle_share": 0.12, "kernels": 1234})
+        db.finish_run(run_id, "complete")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(summary, tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "results.sqlite"
+    baseline = add_run(path, summary, label="base")
+    candidate = add_run(path, summary, label=HOSTILE, slow_phase="learn")
+    return path, baseline, candidate
+
+
+@pytest.fixture(scope="module")
+def rendered(store, tmp_path_factory):
+    path, baseline, candidate = store
+    out = tmp_path_factory.mktemp("report")
+    code = render_run(str(path), candidate, str(out), baseline=f"{path}::{baseline}")
+    return code, (out / "report.md").read_text(), out / "report.html"
+
+
+def test_report_has_every_section_and_regressions_fail(rendered):
+    code, markdown, html_path = rendered
+    assert code == 1
+    for title in ("Verdict against the baseline", "Steps per second", "Phase breakdown", "Scaling with world size",
+                  "Per-rank stragglers", "Utilization over time", "Collectives", "Traces", "Machine fingerprint"):
+        assert f"## {title}" in markdown
+    assert "ever taken from a profiled run" in markdown
+    html = html_path.read_text()
+    # sps per point, phases, two swept axes (num_envs, dtype) plus world_size, scaling, utilization, collectives
+    assert html.count('<figure class="plot"><svg') == 8
+
+
+def test_report_is_self_contained(rendered):
+    html = rendered[2].read_text()
+    assert "<script" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html, re.I)
+    assert "@import" not in html and not re.search(r"url\((?!#)", html)
+
+
+def test_hostile_strings_are_escaped(rendered):
+    _, markdown, html_path = rendered
+    html = html_path.read_text()
+    assert HOSTILE not in html and HOSTILE_ENV not in html
+    assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
+    assert HOSTILE not in markdown
+
+
+def test_regressed_points_are_named_with_their_phases(rendered):
+    markdown = rendered[1]
+    row = next(line for line in markdown.splitlines() if line.startswith("| dtype=fp32, num_envs=16 |"))
+    assert "| regressed |" in row and "| learn +100.0% |" in row
+    failed = next(line for line in markdown.splitlines() if "gym:" in line and "| failed |" in line)
+    assert "gymnasium: no env" in failed
+
+
+BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom"]
+# Injected into a copy of the page: records resource and script errors, and after load writes each figure's
+# rendered size and drawn element count where --dump-dom can read them.
+PROBE = """<script>
+window.__errors = [];
+window.addEventListener('error', e => __errors.push(e.message || ('failed to load ' + (e.target.src || e.target.href))), true);
+window.addEventListener('load', () => {
+  const figures = [...document.querySelectorAll('figure')].map(f => {
+    const svg = f.querySelector('svg'); const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+    return {width: box.width, height: box.height, drawn: svg ? svg.querySelectorAll('path, text, use').length : 0};
+  });
+  const out = document.createElement('pre'); out.id = 'rlperf-probe';
+  out.textContent = JSON.stringify({figures, errors: __errors}); document.body.appendChild(out);
+});
+</script>"""
+
+
+def open_in_browser(html_path, tmp_path) -> dict:
+    """Loads a copy of the page (with the probe) in headless chromium: figure sizes, page errors and every
+    console message chromium logged."""
+    probed = tmp_path / "probed.html"
+    probed.write_text(html_path.read_text().replace("<head>", "<head>" + PROBE, 1))
+    result = subprocess.run([CHROMIUM, *BROWSER_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", probed.as_uri()],
+                            capture_output=True, text=True, timeout=120)
+    match = re.search(r'<pre id="rlperf-probe">(.*?)</pre>', result.stdout, re.S)
+    assert match, f"the page did not finish loading: {result.stderr[-2000:]}"
+    found = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    found["console"] = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    return found
+
+
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (.ci/run installs it)")
+
+
+@needs_browser
+def test_report_loads_in_a_real_browser_with_every_figure_drawn(rendered, tmp_path):
+    found = open_in_browser(rendered[2], tmp_path)
+    assert found["errors"] == [] and found["console"] == []
+    assert len(found["figures"]) == 8
+    for figure in found["figures"]:
+        assert figure["width"] > 200 and figure["height"] > 100 and figure["drawn"] > 10, figure
+
+
+@needs_browser
+def test_browser_check_catches_a_broken_page(tmp_path):
+    broken = tmp_path / "broken.html"
+    broken.write_text('<!DOCTYPE html><html><head></head><body><figure class="plot"><svg width="0" height="0">'
+                      '</svg></figure><img src="missing.png"><script>console.error("boom"); nope();</script>'
+                      "</body></html>")
+    found = open_in_browser(broken, tmp_path)
+    assert found["figures"] == [{"width": 0, "height": 0, "drawn": 0}]
+    assert any("missing.png" in error for error in found["errors"])
+    assert len(found["console"]) == 2
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def one_line_error(capsys, field: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"error: {field}" in err, err
+    return err
+
+
+def test_corrupt_or_missing_store_is_refused(tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"not a database at all" * 100)
+    before = digest(corrupt)
+    assert main(["report", str(corrupt), "--out", str(tmp_path / "r")]) == 2
+    assert "not an rlperf results store" in one_line_error(capsys, "results")
+    assert digest(corrupt) == before
+    assert main(["report", str(tmp_path / "nothing.sqlite"), "--out", str(tmp_path / "r")]) == 2
+    one_line_error(capsys, "results")
+
+
+def test_empty_run_is_refused(summary, tmp_path, capsys):
+    path = tmp_path / "results.sqlite"
+    with Store.open(path) as db:
+        run_id = db.create_run("smoke", "h", fingerprint(), machine_key(fingerprint()))
+    assert main(["report", f"{path}::{run_id}", "--out", str(tmp_path / "r")]) == 2
+    assert "is empty" in one_line_error(capsys, "results")
+
+
+def test_baseline_of_another_suite_is_refused_and_nothing_changes(store, summary, tmp_path, capsys):
+    path, baseline, candidate = store
+    other = tmp_path / "other.sqlite"
+    other_run = add_run(other, summary, suite="nightly", extras=False)
+    before = digest(path), digest(other)
+    assert main(["report", f"{path}::{candidate}", "--baseline", f"{other}::{other_run}",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "of suite 'nightly', not 'smoke'" in one_line_error(capsys, "baseline")
+    assert (digest(path), digest(other)) == before
+
+
+def test_other_machine_is_refused_unless_allowed(store, summary, tmp_path, capsys):
+    path, _, candidate = store
+    gpu_store = tmp_path / "gpu.sqlite"
+    gpu_run = add_run(gpu_store, summary, print_=fingerprint(gpu="NVIDIA GeForce RTX 4090"), extras=False)
+    args = ["report", f"{path}::{candidate}", "--baseline", f"{gpu_store}::{gpu_run}", "--out", str(tmp_path / "r")]
+    assert main(args) == 2
+    err = one_line_error(capsys, "baseline")
+    assert "GPU models: ['NVIDIA GeForce RTX 4090'] vs none" in err and "--allow-cross-machine" in err
+    assert main([*args, "--allow-cross-machine"]) in (0, 1)
+    assert "another machine" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("flag, value, field", [("--threshold", "-0.1", "threshold"), ("--alpha", "1.5", "alpha")])
+def test_bad_criteria_are_refused(store, tmp_path, capsys, flag, value, field):
+    path, baseline, candidate = store
+    assert main(["report", f"{path}::{candidate}", "--baseline", f"{path}::{baseline}", flag, value,
+                 "--out", str(tmp_path / "r")]) == 2
+    one_line_error(capsys, field)
+
+
+def test_bad_input_prints_no_traceback_from_the_console_script(tmp_path):
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_text("garbage")
+    result = subprocess.run([sys.executable, "-m", "rlperf", "report", str(corrupt)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
+def test_compare_two_machines_with_prices(store, summary, tmp_path, capsys):
+    path, baseline, _ = store
+    gpu_store = tmp_path / "gpu.sqlite"
+    gpu_run = add_run(gpu_store, summary, speed=3.0, print_=fingerprint(gpu="NVIDIA H100"), extras=False)
+    out = tmp_path / "cmp"
+    assert main(["compare", f"{path}::{baseline}", f"{gpu_store}::{gpu_run}", "--label", f"A={HOSTILE}",
+                 "--label", "B=h100", "--price", "A=0.35", "--price", "B=8", "--out", str(out)]) == 0
+    markdown = (out / "report.md").read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith("| dtype=fp32, num_envs=16 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[3] == "3.00×"
+    sps_a, sps_b = (float(cell.replace(",", "")) for cell in cells[1:3])
+    assert float(cells[6]) == pytest.approx(sps_a * 3600 / 0.35 / 1e6, rel=0.01)
+    assert float(cells[7]) == pytest.approx(sps_b * 3600 / 8 / 1e6, rel=0.01)
+    assert "## Phase shares" in markdown
+    assert HOSTILE not in (out / "report.html").read_text()
+    assert main(["compare", str(path), str(gpu_store), "--price", "A=free", "--out", str(out)]) == 2
+    one_line_error(capsys, "price")
+
+
+def test_history_marks_the_run_that_regressed(summary, tmp_path):
+    path = tmp_path / "nightly.sqlite"
+    for speed in (1.0, 1.01, 0.7, 0.7):
+        add_run(path, summary, speed=speed, suite="nightly", extras=False)
+    out = tmp_path / "history"
+    assert main(["report", "--history", str(path), "--out", str(out)]) == 0
+    markdown = (out / "report.md").read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| 2")]
+    assert len(rows) == 4
+    assert [("regressed" not in row.split("|")[4]) and ("–" in row.split("|")[4]) for row in rows] == \
+        [True, True, False, True]
+    assert "dtype=fp32, num_envs=16 -30" in rows[2]
+    assert (out / "report.html").read_text().count("<svg") == 1
