@@ -167,6 +167,13 @@ class Store:
             )
 
     def close(self) -> None:
+        if not self.readonly:
+            # Back to a single self-contained file, which readers open without leaving -wal/-shm files
+            # behind; while another connection still reads, the switch is refused and WAL stays.
+            try:
+                self._db.execute("PRAGMA journal_mode = DELETE")
+            except sqlite3.OperationalError:
+                pass
         self._db.close()
 
     def __enter__(self) -> "Store":

@@ -198,6 +198,8 @@ class SuiteReader:
             raise self.fail(key, "must be a table of setting = [values]")
         axes = {}
         for name, values in table.items():
+            if name not in SETTINGS:
+                self.check_setting(f"{key}.{name}", name, None)
             if not isinstance(values, list) or not values:
                 raise self.fail(f"{key}.{name}", f"must be a non-empty list of values (got {values!r})")
             axes[name] = [self.check_setting(f"{key}.{name}[{i}]", name, value) for i, value in enumerate(values)]

@@ -1,0 +1,160 @@
+"""Suite files: expansion, exclusion, the shipped suites, and bad input refused before anything is stored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from benches import suite as suites
+from benches.probe import Machine
+from benches.runner import train_flags
+from benches.store import Store
+from reference_trainer.config import TrainConfig
+from rlperf.errors import BadInput
+
+GOOD = """
+    repeats = 2
+    [fixed]
+    env = "synthetic"
+    horizon = 8
+    minibatch_size = 64
+    total_steps = 2048
+    [axes]
+    num_envs = [8, 16]
+    dtype = ["fp32", "bf16"]
+    [[exclude]]
+    num_envs = 16
+    dtype = "bf16"
+"""
+
+
+def write(tmp_path, text, name="suite.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_axes_expand_to_the_cartesian_product_less_the_excluded_points(tmp_path):
+    suite = suites.load(str(write(tmp_path, GOOD)))
+    assert [p.axes for p in suite.points] == [
+        {"num_envs": 8, "dtype": "fp32"}, {"num_envs": 8, "dtype": "bf16"}, {"num_envs": 16, "dtype": "fp32"}]
+    assert suite.points[0].key == '{"dtype":"fp32","num_envs":8}'
+    config = suite.points[1].config
+    assert config == {**TrainConfig().to_dict(), "env": "synthetic", "horizon": 8, "minibatch_size": 64,
+                      "total_steps": 2048, "num_envs": 8, "dtype": "bf16"}
+    assert suite.repeats == 2 and suite.timeout_s == 600.0
+
+
+def test_sweep_blocks_cross_the_top_level_axes_and_pool_their_points(tmp_path):
+    path = write(tmp_path, """
+        [fixed]
+        env = "synthetic"
+        [axes]
+        num_envs = [64, 128]
+        [[sweep]]
+        [[sweep]]
+        lstm = [false]
+        [[sweep]]
+        device = ["cuda"]
+        pinned = [true]
+    """)
+    labels = [p.label for p in suites.load(str(path)).points]
+    assert labels == ["num_envs=64", "num_envs=128", "num_envs=64 lstm=false", "num_envs=128 lstm=false",
+                      "num_envs=64 device=cuda pinned=true", "num_envs=128 device=cuda pinned=true"]
+
+
+def test_shipped_suites_load_and_smoke_sweeps_batch_dtype_and_lstm_on_cpu():
+    assert {"smoke", "nightly", "hardware"} <= set(suites.available_suites())
+    smoke = suites.load("smoke")
+    assert set(smoke.axis_names) == {"num_envs", "dtype", "lstm"}
+    assert len(smoke.points) == 8 and all(p.config["device"] == "cpu" for p in smoke.points)
+    nightly = suites.load("nightly")
+    knobs = {name for p in nightly.points for name in p.axes}
+    assert {"pinned", "non_blocking", "copy_stream", "cuda_graphs", "compile", "world_size", "dtype"} <= knobs
+    assert {p.config["num_envs"] for p in nightly.points} == {1024, 4096}
+    hardware = suites.load("hardware")
+    assert {p.config["device"] for p in hardware.points} == {"cpu", "cuda"}
+
+
+def test_device_override_changes_the_points_and_the_suite_hash():
+    plain = suites.load("smoke")
+    assert suites.load("smoke", {"device": "cpu"}).suite_hash != plain.suite_hash
+    with pytest.raises(BadInput, match="device: is swept as an axis"):
+        suites.load("hardware", {"device": "cpu"})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[axes\nnum_envs = [1]", r"suite\.toml: not valid TOML"),
+    ("warmup = 1", r"suite\.toml: warmup: unknown key \(allowed: description, repeats"),
+    ("[axes]\nbatch = [1, 2]", r"suite\.toml: axes\.batch: unknown setting \(allowed: env, seed"),
+    ("[axes]\nnum_envs = [64, \"128\"]", r"suite\.toml: axes\.num_envs\[1\]: must be int \(got str '128'\)"),
+    ("[axes]\nnum_envs = 64", r"suite\.toml: axes\.num_envs: must be a non-empty list of values \(got 64\)"),
+    ("[axes]\nnum_envs = [0]", r"suite\.toml: point \[num_envs=0\]: num_envs: must be a positive number"),
+    ("[axes]\ndtype = [\"fp8\"]", r"point \[dtype=fp8\]: dtype: unknown dtype 'fp8' \(allowed: fp32, bf16, fp16\)"),
+    ("repeats = 0", r"suite\.toml: repeats: must be how many times .* \(got 0\)"),
+    ("sample_hz = -1", r"suite\.toml: sample_hz: must be utilization samples"),
+    ("[fixed]\ntrace_dir = \"t\"", r"fixed\.trace_dir: unknown setting \(tracing belongs to `rlperf profile`\)"),
+    ("[fixed]\nlstm = 1", r"suite\.toml: fixed\.lstm: must be bool \(got int 1\)"),
+    ("[fixed]\nlstm = true\n[axes]\nlstm = [true, false]", r"fixed\.lstm: is also swept as an axis"),
+    ("[axes]\nlstm = [true]\n[[exclude]]\ndtype = \"bf16\"", r"exclude\[0\]\.dtype: is not an axis of this suite"),
+    ("[axes]\nlstm = [true]\n[[exclude]]\nlstm = true", r"suite\.toml: exclude: removes every point"),
+])
+def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, message):
+    with pytest.raises(BadInput, match=message):
+        suites.load(str(write(tmp_path, text)))
+
+
+def test_unknown_suite_name_lists_the_shipped_ones():
+    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: hardware, nightly, smoke"):
+        suites.load("smok")
+
+
+def test_bad_suite_on_the_command_line_exits_2_with_one_line_and_leaves_the_store_alone(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with Store.open(out / "results.sqlite") as store:
+        store.create_run("earlier", "h", {"git": {}}, "m")
+        before = store.row_counts()
+    bad = write(tmp_path, "[axes]\nnum_envs = [64, -1]")
+    done = subprocess.run([sys.executable, "-m", "rlperf", "bench", "--suite", str(bad), "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "suite.toml: point [num_envs=-1]: num_envs: must be a positive number" in done.stderr
+    with Store.open(out / "results.sqlite", readonly=True) as store:
+        assert store.row_counts() == before
+    assert sorted(p.name for p in out.iterdir()) == ["results.sqlite"]
+
+
+def test_bad_option_values_are_refused_by_the_parser(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rlperf", "bench", "--repeats", "0"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("rlperf bench: error: argument --repeats: must be a whole number of 1 or more "
+                                   "(got '0')")
+
+
+def test_points_that_need_missing_gpus_get_a_reason():
+    cpu_only = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])
+    base = TrainConfig().to_dict()
+    assert cpu_only.skip_reason(base) is None
+    assert "needs a CUDA GPU; none is visible (torch 2.13.0+cpu (CPU build))" in cpu_only.skip_reason(
+        {**base, "device": "cuda", "cuda_graphs": True})
+    one_gpu = Machine(torch="2.13.0", cuda="12.8", cudnn=91000, nccl="2.27.3",
+                      gpus=[{"index": 0, "name": "NVIDIA H100", "uuid": "GPU-abc", "bf16": True}])
+    assert one_gpu.skip_reason({**base, "device": "cuda"}) is None
+    assert one_gpu.gpu_uuids({**base, "device": "cuda"}) == ["GPU-abc"]
+    assert one_gpu.gpu_uuids(base) == []
+    assert one_gpu.skip_reason({**base, "device": "cuda", "world_size": 2}) == (
+        "device=cuda with world_size=2 needs 2 GPUs; 1 visible")
+    assert one_gpu.resolve_device("auto") == "cuda" and cpu_only.resolve_device("auto") == "cpu"
+
+
+def test_train_flags_name_only_settings_that_differ_from_the_defaults():
+    config = {**TrainConfig().to_dict(), "num_envs": 8, "lstm": False, "pinned": True, "learning_rate": 0.001,
+              "inject_delay": {"learn": 5.0, "env": 1.5}}
+    assert train_flags(config) == ["--num-envs", "8", "--no-lstm", "--learning-rate", "0.001", "--pinned",
+                                   "--inject-delay", "learn=5.0", "--inject-delay", "env=1.5"]

@@ -1,0 +1,185 @@
+"""Sweeps: failures become stored points and the sweep goes on; the real trainer end to end; SIGKILL and
+--resume. The stand-in command is used only where a crash, a hang or a lie is the point of the test."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from rich.console import Console
+
+from benches.probe import Machine
+from benches.store import Store
+from benches.sweep import Sweep, SweepOptions
+
+CPU_MACHINE = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])
+# Tiny real-trainer settings: a few epochs of a small synthetic-env policy, seconds per process.
+TINY = """
+    [fixed]
+    env = "synthetic"
+    horizon = 8
+    hidden_size = 16
+    minibatch_size = 64
+    update_epochs = 1
+    total_steps = 512
+"""
+STAND_IN = textwrap.dedent("""
+    import json, sys, time
+    behaviour, config, summary_path = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    if behaviour == "crash":
+        print("RuntimeError: CUDA out of memory (pretend)", file=sys.stderr)
+        sys.exit(3)
+    if behaviour == "hang":
+        print("started", flush=True)
+        time.sleep(120)
+    if behaviour == "lie":
+        config = {**config, "dtype": "fp32"}
+    summary = {"sps": 1000.0 + config["num_envs"], "sps_end_to_end": 900.0, "warmup_seconds": 0.1,
+               "wall_seconds": 0.2, "steps": 200, "steady_steps": 100, "steady_seconds": 0.1, "epochs": [], "phases": {"learn": 0.05}, "mean_episode_return": 1.0,
+               "config": config}
+    open(summary_path, "w").write(json.dumps(summary))
+""")
+
+
+def write_suite(tmp_path, options, axes):
+    """A suite of top-level `options`, the TINY fixed settings and `axes` (TOML sections)."""
+    path = tmp_path / "trial.toml"
+    path.write_text("\n".join(textwrap.dedent(part) for part in (options, TINY, axes)))
+    return path
+
+
+def console():
+    return Console(file=io.StringIO(), width=200)
+
+
+def test_crash_hang_and_ignored_setting_become_stored_points_and_the_sweep_goes_on(tmp_path):
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(STAND_IN)
+    behaviours = {8: "ok", 16: "crash", 24: "hang", 32: "lie", 40: "ok"}
+
+    def command_for(config, summary_path):
+        behaviour = behaviours[config["num_envs"]]
+        return [sys.executable, str(stand_in), behaviour, json.dumps(config), str(summary_path)]
+
+    suite = write_suite(tmp_path, "", """
+        [axes]
+        num_envs = [8, 16, 24, 32, 40]
+        dtype = ["bf16"]
+        [[sweep]]
+        [[sweep]]
+        device = ["cuda"]
+        [[exclude]]
+        device = "cuda"
+        num_envs = [16, 24, 32, 40]
+    """)
+    out = tmp_path / "out"
+    screen = console()
+    sweep = Sweep(SweepOptions(suite=str(suite), out_dir=out, repeats=2, timeout_s=2.0, sample_hz=20), screen,
+                  command_for=command_for, machine=CPU_MACHINE)
+    started = time.monotonic()
+    assert sweep.run() == 1  # some points failed: the exit status says so
+    assert time.monotonic() - started < 30
+
+    with Store.open(out / "results.sqlite", readonly=True) as store:
+        run_id = store.latest_run()
+        points = store.points(run_id).set_index("point_key")
+        samples = store.samples(run_id)
+        assert store.runs().loc[0, "status"] == "complete"
+        utilization = store.utilization(run_id)
+    status = {json.loads(key).get("device", json.loads(key)["num_envs"]): row.status for key, row in points.iterrows()}
+    assert status == {8: "ok", 16: "failed", 24: "timeout", 32: "failed", 40: "ok", "cuda": "skipped"}
+    reasons = {json.loads(key).get("device", json.loads(key)["num_envs"]): row.reason for key, row in points.iterrows()}
+    assert "repeat 1 of 2: exit code 3\n" in reasons[16] and "CUDA out of memory (pretend)" in reasons[16]
+    assert reasons[24].startswith("repeat 1 of 2: killed after 2 s\n") and "started" in reasons[24]
+    assert "the trainer ran dtype='fp32' but the point asked for 'bf16'" in reasons[32]
+    assert "device=cuda needs a CUDA GPU" in reasons["cuda"]
+    assert sorted(samples.groupby("point_key").size().tolist()) == [2, 2]
+    assert set(samples["sps"]) == {1008.0, 1040.0}
+    assert set(utilization["source"]) == {"cpu"} and set(utilization["repeat"]) == {0, 1}
+    # the hanging stand-in was killed with its whole process group, not left behind
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "hang" in (p.info["cmdline"] or [])]
+    text = screen.file.getvalue()
+    assert "[5/5] num_envs=40 dtype=bf16: 1,040 SPS" in text and "timeout" in text
+
+
+def run_bench(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "rlperf", "bench", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_real_trainer_sweep_stores_every_sample_and_exports(tmp_path):
+    suite = write_suite(tmp_path, "repeats = 2", """
+        [axes]
+        num_envs = [8]
+        lstm = [true, false]
+    """)
+    done = run_bench("--suite", str(suite), "--out", "out", "--export", "out/samples.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[2/2] num_envs=8 lstm=false:" in done.stdout and "SPS" in done.stdout
+    with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
+        run_id = store.latest_run()
+        counts = store.row_counts()
+        samples = store.samples(run_id)
+    assert counts["points"] == 2 and counts["samples"] == 4 and counts["utilization"] > 0
+    assert (samples["sps"] > 0).all() and (samples["wall_seconds"] > samples["warmup_seconds"]).all()
+    assert [s["config"]["lstm"] for s in samples["summary"]] == [True, True, False, False]
+    assert all(set(phases) <= {"env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward",
+                               "learn", "log"} for phases in samples["phases"])
+    assert (tmp_path / "out" / "samples.csv").read_text().count("\n") == 5
+    logs = sorted((tmp_path / "out" / run_id / "points").glob("*/repeat-*.log"))
+    assert len(logs) == 4 and logs[0].read_text().startswith("$ ")
+
+
+@pytest.mark.slow
+def test_sigkill_loses_at_most_the_point_in_flight_and_resume_finishes_the_run(tmp_path):
+    suite = write_suite(tmp_path, "repeats = 1\nsample_hz = 0", """
+        [axes]
+        num_envs = [8, 16, 24, 32]
+    """)
+    store_path = tmp_path / "out" / "results.sqlite"
+    sweep = subprocess.Popen([sys.executable, "-m", "rlperf", "bench", "--suite", str(suite), "--out", "out"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    stored = 0
+    while stored < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if store_path.exists():
+            with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True) as db:
+                try:
+                    stored = db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+                except sqlite3.OperationalError:
+                    stored = 0
+    assert stored >= 1, "the sweep stored no point within two minutes"
+    trainers = [child.pid for child in psutil.Process(sweep.pid).children(recursive=True)]
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    # the trainer in flight dies with the harness rather than loading the machine during the resumed run
+    time.sleep(1)
+    assert not [pid for pid in trainers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+    with Store.open(store_path, readonly=True) as store:
+        run_id = store.latest_run()
+        before = store.row_counts()
+        assert store.runs().loc[0, "status"] == "running"
+    with sqlite3.connect(store_path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert 1 <= before["points"] < 4 and before["samples"] == before["points"]
+
+    done = run_bench("--suite", str(suite), "--out", "out", "--resume", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming run {run_id}: {before['points']} of 4 points already stored" in done.stdout
+    with Store.open(store_path, readonly=True) as store:
+        after = store.row_counts()
+        assert list(store.runs()["status"]) == ["complete"] and store.latest_run() == run_id
+        assert store.points(run_id)["status"].tolist() == ["ok"] * 4
+    assert after["runs"] == 1 and after["points"] == 4 and after["samples"] == 4
