@@ -119,6 +119,7 @@ def sps_along_axis(axis: str, lines: dict[str, pd.DataFrame]) -> str:
             if len(values) > 2 and max(values) / min(values) >= 8:
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(sorted(values), [f"{v:g}" for v in sorted(values)])
+                ax.minorticks_off()
         if not numeric:
             ax.set_xticks(range(len(categories)), categories)
             ax.margins(x=0.15)
@@ -138,7 +139,7 @@ def sps_along_axis(axis: str, lines: dict[str, pd.DataFrame]) -> str:
 def scaling(lines: dict[str, pd.DataFrame]) -> str:
     """Aggregate SPS against world size with the ideal line from one rank; `lines`: world_size, sps."""
     with rc_context(STYLE):
-        figure = _new(6.4, 3.4)
+        figure = _new(5.2, 3.2)
         ax = figure.add_subplot()
         for index, (label, frame) in enumerate(lines.items()):
             color = PALETTE[index % len(PALETTE)]
@@ -150,7 +151,7 @@ def scaling(lines: dict[str, pd.DataFrame]) -> str:
         ax.set_xlabel("world size (ranks)")
         ax.set_ylabel("aggregate agent steps per second")
         ax.set_ylim(bottom=0)
-        ax.set_title("Scaling with world size (dotted: ideal from one rank)")
+        ax.set_title("SPS against world size (dotted: ideal)")
         ax.legend(loc="best")
         return to_svg(figure)
 
@@ -177,7 +178,7 @@ def utilization(series: pd.DataFrame, metrics: list[str]) -> str:
 def collectives(rows: pd.DataFrame) -> str:
     """Bus bandwidth against message size, one line per (op, backend, world size)."""
     with rc_context(STYLE):
-        figure = _new(6.4, 3.4)
+        figure = _new(5.2, 3.2)
         ax = figure.add_subplot()
         groups = rows.groupby(["op", "backend", "world_size"], sort=True)
         for index, ((op, backend, world_size), frame) in enumerate(groups):
@@ -185,12 +186,24 @@ def collectives(rows: pd.DataFrame) -> str:
             ax.plot(best.index, best.values, "o-", ms=3.5, color=PALETTE[index % len(PALETTE)],
                     label=f"{op} ({backend}, {world_size} ranks)")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
+        sizes = sorted(rows["bytes"].unique())
+        step = max(1, len(sizes) // 8)
+        ax.set_xticks(sizes[::step], [_bytes(size) for size in sizes[::step]])
+        ax.minorticks_off()
+        ax.set_xlabel("message size")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.set_ylim(bottom=0)
         ax.set_title("Collectives: bus bandwidth against message size")
         ax.legend(loc="best")
         return to_svg(figure)
+
+
+def _bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:g} {unit}"
+        size /= 1024
+    return f"{size:g} TiB"
 
 
 def history(trend: pd.DataFrame, columns: int = 2) -> str:

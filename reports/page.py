@@ -103,12 +103,15 @@ section p { margin:6px 0; color:#38434f; max-width:900px; }
 .s-ok { background:#e0f2e6; color:#24703e; }
 .table-wrap { overflow-x:auto; margin:10px 0 14px; }
 table { border-collapse:collapse; font-size:13px; font-variant-numeric:tabular-nums; }
-th, td { text-align:left; padding:5px 12px 5px 0; border-bottom:1px solid var(--line); vertical-align:top; }
+th, td { text-align:left; padding:5px 14px 5px 0; border-bottom:1px solid var(--line); vertical-align:top; }
+td { white-space:nowrap; }
+td:first-child { white-space:normal; min-width:170px; }
+td:last-child { white-space:normal; min-width:200px; }
 th { color:var(--muted); font-weight:600; font-size:12px; border-bottom:2px solid var(--line); }
 tbody tr:hover { background:var(--panel); }
 figure.plot { margin:12px 0 18px; padding:10px; background:#fff; border:1px solid var(--line);
               border-radius:8px; }
-.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(420px, 1fr)); gap:0 16px; }
+.grid { display:grid; grid-template-columns:repeat(auto-fill, minmax(420px, 1fr)); gap:0 16px; }
 figure.plot svg { display:block; width:100%; height:auto; max-width:100%; }
 footer { color:var(--muted); font-size:12px; padding-top:16px; }
 """

@@ -115,7 +115,8 @@ def sps_section(table: pd.DataFrame) -> Section:
     shown = pd.DataFrame({
         "point": table["label"], "status": table["status"],
         "SPS (median)": table["sps_median"].map(fmt_sps),
-        "min – max": [f"{fmt_sps(lo)} – {fmt_sps(hi)}" for lo, hi in zip(table["sps_min"], table["sps_max"])],
+        "min – max": [f"{fmt_sps(lo)} – {fmt_sps(hi)}" if np.isfinite(lo) else "–"
+                      for lo, hi in zip(table["sps_min"], table["sps_max"])],
         "repeats": table["repeats"],
         "end-to-end SPS": table["sps_end_to_end"].map(fmt_sps),
         "warm-up s": table["warmup_seconds"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "–"),
@@ -151,7 +152,8 @@ def axes_section(run: RunData, table: pd.DataFrame) -> Section | None:
     axes = swept_axes(run)
     medians = _medians_by_point(table)
     svgs = []
-    for axis in axes:
+    # world_size gets its own section, with the ideal line and scaling efficiency
+    for axis in [name for name in axes if name != "world_size"]:
         lines: dict[str, list] = {}
         for point_key, sps in medians.items():
             values = json.loads(point_key)
@@ -195,7 +197,8 @@ def scaling_section(run: RunData, table: pd.DataFrame) -> Section | None:
                          "SPS per rank": fmt_sps(entry.sps / entry.world_size),
                          "scaling efficiency": f"{efficiency:.0%}" if np.isfinite(efficiency) else "–"})
     text = ["Scaling efficiency is SPS_n / (n × SPS_1): 100% means n ranks ran n times as fast as one."]
-    return Section("Scaling with world size", text, [pd.DataFrame(rows)], [figures.scaling(frames)])
+    return Section("Scaling with world size", text, [pd.DataFrame(rows)], [figures.scaling(frames)],
+                   side_by_side=True)
 
 
 def ranks_section(run: RunData) -> Section | None:
@@ -258,7 +261,7 @@ def collectives_section(run: RunData) -> Section | None:
                           "busbw GB/s": table["busbw_gbps"].map(lambda v: f"{v:.2f}")})
     text = ["algbw = bytes / time; busbw follows the nccl-tests convention (all-reduce × 2(n−1)/n, all-gather "
             "and reduce-scatter × (n−1)/n); medians over repeats."]
-    return Section("Collectives", text, [shown], [figures.collectives(rows)])
+    return Section("Collectives", text, [shown], [figures.collectives(rows)], side_by_side=True)
 
 
 def traces_section(run: RunData) -> Section | None:

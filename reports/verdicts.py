@@ -1,7 +1,7 @@
 """Regression verdicts: did a point get slower, and which phase grew.
 
-A change counts only when it is both large (relative change beyond `threshold`) and real (a two-sided
-Mann-Whitney U test on the samples gives p < `alpha`). Steps per second: higher is better. Phase times,
+A change counts only when it is both large (the median over repeats moved by more than `threshold`) and
+real (a two-sided Mann-Whitney U test on the samples gives p < `alpha`, moving the same way). Steps per second: higher is better. Phase times,
 taken as seconds per agent step so runs of different lengths compare: lower is better.
 
 Which samples are tested: a repeat (one trainer process) is the honest unit, because run-to-run noise only
@@ -35,7 +35,8 @@ STATUSES = ("regressed", "improved", "unchanged", "new", "missing", "failed")
 
 @dataclass(frozen=True)
 class Change:
-    """One metric compared: `relative` is candidate/baseline - 1 of the medians of n values each."""
+    """One metric compared: `relative` is candidate/baseline - 1 of the per-repeat medians; the test ran on
+    n_baseline and n_candidate values."""
 
     baseline: float
     candidate: float
@@ -117,30 +118,36 @@ def choose_unit(candidate: pd.DataFrame, baseline: pd.DataFrame, alpha: float) -
     return "repeat"
 
 
-def compare_values(baseline: np.ndarray, candidate: np.ndarray, higher_is_better: bool,
-                   threshold: float, alpha: float) -> Change:
+def compare_values(baseline: np.ndarray, candidate: np.ndarray, higher_is_better: bool, threshold: float,
+                   alpha: float, tested: tuple[np.ndarray, np.ndarray] | None = None) -> Change:
+    """The size of a change is read from the per-repeat values (the figures a report shows); the test runs
+    on `tested` (baseline, candidate) when given, which must move the same way for the change to count."""
     base, cand = float(np.median(baseline)), float(np.median(candidate))
     relative = cand / base - 1.0 if base else (0.0 if cand == base else math.inf)
-    if len(baseline) and len(candidate) and not (np.ptp(np.concatenate([baseline, candidate])) == 0):
-        p_value = float(stats.mannwhitneyu(candidate, baseline, alternative="two-sided").pvalue)
+    tested_base, tested_cand = tested if tested is not None else (baseline, candidate)
+    if len(tested_base) and len(tested_cand) and np.ptp(np.concatenate([tested_base, tested_cand])) > 0:
+        p_value = float(stats.mannwhitneyu(tested_cand, tested_base, alternative="two-sided").pvalue)
+        agrees = np.sign(np.median(tested_cand) - np.median(tested_base)) == np.sign(relative)
     else:
-        p_value = 1.0
+        p_value, agrees = 1.0, False
     worse = relative < 0 if higher_is_better else relative > 0
-    counts = abs(relative) > threshold and p_value < alpha
-    return Change(base, cand, relative, p_value, worse, counts, len(baseline), len(candidate))
+    counts = abs(relative) > threshold and p_value < alpha and bool(agrees)
+    return Change(base, cand, relative, p_value, worse, counts, len(tested_base), len(tested_cand))
 
 
 def judge_point(candidate: pd.DataFrame, baseline: pd.DataFrame, threshold: float, alpha: float) -> tuple:
     """(status, sps Change, unit, phases that grew, phases that shrank) for two sets of ok samples."""
     unit = choose_unit(candidate, baseline, alpha)
-    sps = compare_values(sps_samples(baseline, unit), sps_samples(candidate, unit), True, threshold, alpha)
+    sps = compare_values(sps_samples(baseline, "repeat"), sps_samples(candidate, "repeat"), True, threshold, alpha,
+                         (sps_samples(baseline, unit), sps_samples(candidate, unit)))
     status = "unchanged" if not sps.counts else ("regressed" if sps.worse else "improved")
     baseline_step_seconds = 1.0 / sps.baseline if sps.baseline else 0.0
     grew, shrank = [], []
     names = [p for p in PHASES if any(p in phases for phases in pd.concat([candidate, baseline])["phases"])]
     for phase in names:
-        change = compare_values(phase_samples(baseline, unit, phase), phase_samples(candidate, unit, phase),
-                                False, threshold, alpha)
+        change = compare_values(phase_samples(baseline, "repeat", phase), phase_samples(candidate, "repeat", phase),
+                                False, threshold, alpha,
+                                (phase_samples(baseline, unit, phase), phase_samples(candidate, unit, phase)))
         if not change.counts:
             continue
         if change.worse and change.candidate - change.baseline >= MIN_PHASE_GROWTH_SHARE * baseline_step_seconds:

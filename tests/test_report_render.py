@@ -126,8 +126,8 @@ def test_report_has_every_section_and_regressions_fail(rendered):
         assert f"## {title}" in markdown
     assert "ever taken from a profiled run" in markdown
     html = html_path.read_text()
-    # sps per point, phases, two swept axes (num_envs, dtype) plus world_size, scaling, utilization, collectives
-    assert html.count('<figure class="plot"><svg') == 8
+    # sps per point, phases, two swept axes (num_envs, dtype), scaling, utilization, collectives
+    assert html.count('<figure class="plot"><svg') == 7
 
 
 def test_report_is_self_contained(rendered):
@@ -193,7 +193,7 @@ needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium install
 def test_report_loads_in_a_real_browser_with_every_figure_drawn(rendered, tmp_path):
     found = open_in_browser(rendered[2], tmp_path)
     assert found["errors"] == [] and found["console"] == []
-    assert len(found["figures"]) == 8
+    assert len(found["figures"]) == 7
     for figure in found["figures"]:
         assert figure["width"] > 200 and figure["height"] > 100 and figure["drawn"] > 10, figure
 
