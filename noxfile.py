@@ -31,17 +31,19 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def bench(session: nox.Session) -> None:
-    """Runs a suite (smoke by default) and renders its report. Extra args go to `rlperf bench`."""
+    """Runs the smoke suite on the first GPU when there is one, else on the CPU, and renders its report.
+    Extra args replace those: `nox -s bench -- --suite nightly --out DIR`."""
     install(session, "profile")
-    args = session.posargs or ["--suite", "smoke"]
+    args = session.posargs or ["--suite", "smoke", "--device", "auto"]
     session.run("rlperf", "bench", *args)
 
 
 @nox.session(venv_params=VENV_PARAMS)
 def bench_micro(session: nox.Session) -> None:
-    """pytest-benchmark micro-benchmarks; JSON saved under .benchmarks/ for --benchmark-compare."""
+    """pytest-benchmark micro-benchmarks; each run's JSON is saved under runs/micro/ (git-ignored), where
+    `nox -s bench_micro -- --benchmark-compare` finds the previous one."""
     install(session, "test")
     session.run(
         "pytest", "benches/micro", "-p", "no:cacheprovider", "--benchmark-autosave",
-        "--benchmark-storage=file://.benchmarks", "-o", "testpaths=benches/micro", *session.posargs,
+        "--benchmark-storage=file://runs/micro", "-o", "testpaths=benches/micro", *session.posargs,
     )

@@ -1,0 +1,58 @@
+"""The LSTM two ways: one LSTMCell step per time step (how a rollout runs it) against one fused nn.LSTM call
+over the whole sequence (how training runs it), with shared weights so both compute the same thing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+INPUT, HIDDEN, HORIZON = 64, 128, 64
+
+
+def paired(device):
+    torch.manual_seed(0)
+    fused = torch.nn.LSTM(INPUT, HIDDEN, batch_first=True).to(device)
+    cell = torch.nn.LSTMCell(INPUT, HIDDEN).to(device)
+    cell.weight_ih, cell.weight_hh = fused.weight_ih_l0, fused.weight_hh_l0
+    cell.bias_ih, cell.bias_hh = fused.bias_ih_l0, fused.bias_hh_l0
+    return fused, cell
+
+
+def step_by_step(cell, sequence):
+    h = c = sequence.new_zeros(sequence.shape[0], HIDDEN)
+    outputs = []
+    for t in range(sequence.shape[1]):
+        h, c = cell(sequence[:, t], (h, c))
+        outputs.append(h)
+    return torch.stack(outputs, dim=1)
+
+
+def whole_sequence(fused, sequence):
+    return fused(sequence)[0]
+
+
+@pytest.mark.parametrize("batch", [64, 512])
+def test_lstm_cell_steps(timed, device, batch):
+    fused, cell = paired(device)
+    sequence = torch.randn(batch, HORIZON, INPUT, device=device)
+    with torch.no_grad():
+        out = timed(step_by_step, cell, sequence)
+        torch.testing.assert_close(out, whole_sequence(fused, sequence), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [64, 512])
+def test_lstm_fused_sequence(timed, device, batch):
+    fused, _ = paired(device)
+    sequence = torch.randn(batch, HORIZON, INPUT, device=device)
+    with torch.no_grad():
+        assert timed(whole_sequence, fused, sequence).shape == (batch, HORIZON, HIDDEN)
+
+
+@pytest.mark.parametrize("batch", [1024, 8192])
+def test_lstm_cell_single_rollout_step(timed, device, batch):
+    _, cell = paired(device)
+    observation = torch.randn(batch, INPUT, device=device)
+    state = (torch.zeros(batch, HIDDEN, device=device), torch.zeros(batch, HIDDEN, device=device))
+    with torch.no_grad():
+        h, _ = timed(cell, observation, state)
+    assert h.shape == (batch, HIDDEN)
