@@ -94,6 +94,7 @@ CREATE TABLE traces (
 );
 """
 
+EXPORT_EXTENSIONS = (".csv", ".parquet", ".json")
 COLLECTIVE_COLUMNS = ("op", "backend", "world_size", "bytes", "repeat", "time_us", "algbw_gbps", "busbw_gbps")
 
 
@@ -138,7 +139,7 @@ class Store:
             if readonly:
                 db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
             else:
-                db = sqlite3.connect(path)
+                db = sqlite3.connect(path, timeout=30)
             app_id = db.execute("PRAGMA application_id").fetchone()[0]
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -316,12 +317,14 @@ class Store:
         """Writes one row per sample (failed and skipped points as rows without figures), with the point's
         config and phases as flat columns, as .csv, .parquet or .json (records) by the path's extension."""
         path = Path(path)
-        writers = {".csv": lambda f: f.to_csv(path, index=False),
-                   ".parquet": lambda f: f.to_parquet(path, index=False),
-                   ".json": lambda f: f.to_json(path, orient="records", indent=1)}
-        if path.suffix not in writers:
-            raise BadInput(f"export: {path} has an unknown extension (allowed: {', '.join(writers)})")
-        writers[path.suffix](self.flat_table(run_id))
+        check_export_path(path)
+        table = self.flat_table(run_id)
+        if path.suffix == ".csv":
+            table.to_csv(path, index=False)
+        elif path.suffix == ".parquet":
+            table.to_parquet(path, index=False)
+        else:
+            table.to_json(path, orient="records", indent=1)
         return path
 
     def flat_table(self, run_id: str) -> pd.DataFrame:
@@ -353,6 +356,11 @@ def parse_json_columns(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
     for column in columns:
         frame[column] = frame[column].map(lambda text: None if text is None else json.loads(text))
     return frame
+
+
+def check_export_path(path: Path) -> None:
+    if path.suffix not in EXPORT_EXTENSIONS:
+        raise BadInput(f"export: {path} has an unknown extension (allowed: {', '.join(EXPORT_EXTENSIONS)})")
 
 
 def not_a_store(path: Path, why: str) -> BadInput:

@@ -21,9 +21,8 @@ from benches.cli import STORE_FILE
 from benches.fingerprint import collect, machine_key
 from benches.probe import Machine, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from benches.store import PointRecord, Store, utc_now
+from benches.store import PointRecord, Store, check_export_path, utc_now
 from reference_trainer.config import PHASES
-from rlperf.errors import BadInput
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
 MIN_SHOWN_SHARE = 0.005
@@ -59,8 +58,8 @@ class Sweep:
         if opts.device:
             overrides = {"device": machine.resolve_device(opts.device)}
             suite = suites.load(opts.suite, overrides)
-        if opts.export is not None and opts.export.suffix not in (".csv", ".parquet", ".json"):
-            raise BadInput(f"--export: {opts.export} must end in .csv, .parquet or .json")
+        if opts.export is not None:
+            check_export_path(opts.export)
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
 
@@ -126,6 +125,8 @@ class Sweep:
                 progress.update(task, description=f"point {number}/{len(todo)} {point.label}")
                 record = runner.run(index, point, machine.gpu_uuids(point.config))
                 store.record_point(run_id, record)
+                if suite.profile and record.status == "ok":
+                    self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile", progress.console)
                 elapsed = time.monotonic() - started
                 remaining = elapsed / number * (len(todo) - number)
                 last = point_result_text(record)
@@ -137,6 +138,19 @@ class Sweep:
                 if utilization.unavailable and not reported_unavailable:
                     progress.console.print(f"utilization: {utilization.unavailable}")
                     reported_unavailable = True
+
+    def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, console: Console) -> None:
+        """One extra traced run of the point (the suite's `profile = true`); its trace and summary go to the
+        traces table, its SPS nowhere."""
+        from profilers.profile_run import profile_run
+        from reference_trainer.config import from_dict
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = profile_run(from_dict(point.config), out_dir, sample_hz=max(self.options.sample_hz or 0, 20.0))
+        for message in result.messages:
+            console.print(f"    profile: {message}", markup=False)
+        if result.returncode == 0:
+            store.add_trace(run_id, point.key, result.profile["trace"], result.profile)
 
     def print_summary(self, store: Store, run_id: str, suite: suites.Suite) -> int:
         """Prints the per-point table; returns how many points failed or timed out."""
