@@ -8,8 +8,8 @@ Which samples are tested: a repeat (one trainer process) is the honest unit, bec
 shows between processes. But an exact two-sided test of n against m values cannot go below
 2 / C(n+m, n): 0.1 for 3 against 3, so three repeats can never be significant at any useful alpha. When
 the repeats cannot reach `alpha`, the steady epochs of all repeats are pooled instead (each epoch's steps
-per second and phase times), and the size threshold, not the test, guards against the part of the noise
-that pooling hides.
+per second and phase times); as epochs of one process share its luck, the change must then also show in
+every repeat, and the size threshold guards against the rest of the noise that pooling hides.
 """
 
 from __future__ import annotations
@@ -120,8 +120,10 @@ def choose_unit(candidate: pd.DataFrame, baseline: pd.DataFrame, alpha: float) -
 
 def compare_values(baseline: np.ndarray, candidate: np.ndarray, higher_is_better: bool, threshold: float,
                    alpha: float, tested: tuple[np.ndarray, np.ndarray] | None = None) -> Change:
-    """The size of a change is read from the per-repeat values (the figures a report shows); the test runs
-    on `tested` (baseline, candidate) when given, which must move the same way for the change to count."""
+    """The size of a change is read from the per-repeat values (the figures a report shows). The test runs on
+    `tested` (baseline, candidate: pooled epochs) when given; the pooled samples must then move the same way,
+    and every repeat must too (the two sides' repeats do not overlap), so that one slow process among
+    epochs that share its state cannot make a change on its own."""
     base, cand = float(np.median(baseline)), float(np.median(candidate))
     relative = cand / base - 1.0 if base else (0.0 if cand == base else math.inf)
     tested_base, tested_cand = tested if tested is not None else (baseline, candidate)
@@ -130,6 +132,9 @@ def compare_values(baseline: np.ndarray, candidate: np.ndarray, higher_is_better
         agrees = np.sign(np.median(tested_cand) - np.median(tested_base)) == np.sign(relative)
     else:
         p_value, agrees = 1.0, False
+    if tested is not None:
+        separated = candidate.max() < baseline.min() if relative < 0 else candidate.min() > baseline.max()
+        agrees = agrees and separated
     worse = relative < 0 if higher_is_better else relative > 0
     counts = abs(relative) > threshold and p_value < alpha and bool(agrees)
     return Change(base, cand, relative, p_value, worse, counts, len(tested_base), len(tested_cand))

@@ -124,3 +124,19 @@ def test_points_match_by_configuration_ignoring_injected_delays():
 def test_point_label_reads_the_swept_values():
     assert point_label(json.dumps({"dtype": "bf16", "num_envs": 64})) == "dtype=bf16, num_envs=64"
     assert point_label("{}") == "default"
+
+
+def test_pooled_epochs_need_every_repeat_to_agree():
+    """One slow process makes all its epochs slow: pooled, they are significant, but one candidate repeat is
+    as fast as the baseline's slowest, so the repeats do not all agree."""
+    rng = np.random.default_rng(3)
+    base_repeats = np.array([1000.0, 1010.0, 990.0])
+    cand_repeats = np.array([975.0, 995.0, 700.0])
+
+    def epochs(repeats):
+        return np.concatenate([rng.normal(r, 5, 10) for r in repeats])
+
+    overlapping = compare_values(base_repeats, cand_repeats, True, 0.01, 0.01, (epochs(base_repeats), epochs(cand_repeats)))
+    assert overlapping.p_value < 0.01 and overlapping.relative < -0.01 and not overlapping.counts
+    slower = np.array([900.0, 905.0, 880.0])
+    assert compare_values(base_repeats, slower, True, 0.05, 0.01, (epochs(base_repeats), epochs(slower))).counts
