@@ -29,12 +29,13 @@ TOP_LEVEL = {
     "repeats": "how many times each point runs, each in a fresh process (an integer, 1 or more)",
     "timeout_s": "seconds one repeat may take before it is killed (a number above 0)",
     "sample_hz": "utilization samples per second while a point runs (a number, 0 turns sampling off)",
+    "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS",
     "fixed": "a table of trainer settings shared by every point",
     "axes": "a table of setting = [values] swept as a cartesian product",
     "sweep": "blocks of axes, each crossed with the top-level axes",
     "exclude": "rules (setting = value or [values]) removing the points that match all of them",
 }
-DEFAULTS = {"description": "", "repeats": 3, "timeout_s": 600.0, "sample_hz": 5.0}
+DEFAULTS = {"description": "", "repeats": 3, "timeout_s": 600.0, "sample_hz": 5.0, "profile": False}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Suite:
     repeats: int
     timeout_s: float
     sample_hz: float
+    profile: bool
     axis_names: tuple[str, ...]
     points: tuple[Point, ...]
 
@@ -162,7 +164,7 @@ class SuiteReader:
         return Suite(name=path.stem, path=path, suite_hash=digest.hexdigest()[:16],
                      description=str(options["description"]), repeats=options["repeats"],
                      timeout_s=float(options["timeout_s"]), sample_hz=float(options["sample_hz"]),
-                     axis_names=axis_names, points=tuple(points.values()))
+                     profile=options["profile"], axis_names=axis_names, points=tuple(points.values()))
 
     def check_options(self, options: dict[str, Any]) -> None:
         def is_number(value: Any) -> bool:
@@ -174,6 +176,7 @@ class SuiteReader:
             and options["repeats"] >= 1,
             "timeout_s": is_number(options["timeout_s"]) and options["timeout_s"] > 0,
             "sample_hz": is_number(options["sample_hz"]) and options["sample_hz"] >= 0,
+            "profile": isinstance(options["profile"], bool),
         }
         for key, ok in checks.items():
             if not ok:

@@ -22,6 +22,7 @@ RUN_SUMMARY_NAME = "summary.json"
 PROFILE_NAME = "profile.json"
 UTILIZATION_NAME = "utilization.csv"
 PROFILED_SPS_NOTE = "SPS is not taken from a profiled run: the profiler's overhead distorts it"
+DEFAULT_SAMPLE_HZ = 20.0
 
 
 @dataclass
@@ -32,7 +33,8 @@ class ProfileResult:
     messages: list[str] = field(default_factory=list)
 
 
-def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float, pyspy_rate: int | None = None) -> ProfileResult:
+def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMPLE_HZ,
+                pyspy_rate: int | None = None) -> ProfileResult:
     """Runs the trainer with `trace_dir=out_dir`; writes profile.json, utilization.csv and the merged trace
     there. A failed trainer gives its exit code and no profile. The trainer runs with --quiet, so its own
     (profiled, hence distorted) SPS is never shown."""
