@@ -127,8 +127,6 @@ class Sweep:
                 store.record_point(run_id, record)
                 if suite.profile and record.status == "ok":
                     self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile", progress.console)
-                if suite.profile and record.status == "ok":
-                    self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile", progress.console)
                 elapsed = time.monotonic() - started
                 remaining = elapsed / number * (len(todo) - number)
                 last = point_result_text(record)
@@ -140,19 +138,6 @@ class Sweep:
                 if utilization.unavailable and not reported_unavailable:
                     progress.console.print(f"utilization: {utilization.unavailable}")
                     reported_unavailable = True
-
-    def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, console: Console) -> None:
-        """One extra traced run of the point (the suite's `profile = true`); its trace and summary go to the
-        traces table, its SPS nowhere."""
-        from profilers.profile_run import profile_run
-        from reference_trainer.config import from_dict
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result = profile_run(from_dict(point.config), out_dir, sample_hz=max(self.options.sample_hz or 0, 20.0))
-        for message in result.messages:
-            console.print(f"    profile: {message}", markup=False)
-        if result.returncode == 0:
-            store.add_trace(run_id, point.key, result.profile["trace"], result.profile)
 
     def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, console: Console) -> None:
         """One extra traced run of the point (the suite's `profile = true`); its trace and summary go to the
