@@ -265,19 +265,28 @@ def collectives_section(run: RunData) -> Section | None:
 
 
 def traces_section(run: RunData) -> Section | None:
+    """Key figures of each profiled point's trace summary (profilers/trace_summary.py)."""
     if run.traces.empty:
         return None
     rows = []
     for trace in run.traces.itertuples():
-        summary = trace.summary or {}
-        figures_text = "; ".join(f"{key}: {_short_value(value)}" for key, value in summary.items()
-                                 if not isinstance(value, (dict, list)))
-        rows.append({"point": point_label(trace.point_key), "trace file": trace.path, "summary": figures_text})
+        found = (trace.summary or {}).get("trace_summary") or {}
+        gpu = found.get("gpu") or {}
+        rows.append({
+            "point": point_label(trace.point_key), "kind": found.get("kind", "–"),
+            "MiB": f"{found['bytes'] / 2**20:.1f}" if found.get("bytes") else "–",
+            "CPU ops per env step": _fmt_optional(found.get("cpu_ops_per_env_step")),
+            "launches per env step": _fmt_optional(found.get("launches_per_env_step")),
+            "host syncs per epoch": _fmt_optional(found.get("host_syncs_per_epoch")),
+            "GPU busy": f"{gpu['busy_fraction']:.0%}" if gpu.get("busy_fraction") is not None else "–",
+            "top operators": ", ".join(op["name"] for op in (found.get("top_operators") or [])[:3]),
+            "trace file": trace.path,
+        })
     return Section("Traces", [PROFILED_NOTE], [pd.DataFrame(rows)])
 
 
-def _short_value(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+def _fmt_optional(value) -> str:
+    return "–" if value is None else f"{value:.3g}"
 
 
 def fingerprint_section(run: RunData) -> Section:

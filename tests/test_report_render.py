@@ -97,7 +97,9 @@ def add_run(path, summary, speed=1.0, suite="smoke", print_=None, label=None, ex
                                          "repeat": 0, "time_us": 50.0 + 2**k / 1e3, "algbw_gbps": 2**k / (50e3 + 2**k),
                                          "busbw_gbps": 2**k / (50e3 + 2**k)} for k in range(10, 22, 2)])
             db.add_trace(run_id, json.dumps({"num_envs": 16, "dtype": "fp32"}, sort_keys=True), "traces/t.json.gz",
-                         {"idle_share": 0.12, "kernels": 1234})
+                         {"trace_summary": {"kind": "cpu", "bytes": 3 * 2**20, "cpu_ops_per_env_step": 42.7,
+                                            "top_operators": [{"name": "aten::mm"}, {"name": "aten::addmm"}],
+                                            "gpu": None}})
         db.finish_run(run_id, "complete")
     return run_id
 
@@ -125,6 +127,8 @@ def test_report_has_every_section_and_regressions_fail(rendered):
                   "Per-rank stragglers", "Utilization over time", "Collectives", "Traces", "Machine fingerprint"):
         assert f"## {title}" in markdown
     assert "ever taken from a profiled run" in markdown
+    assert "| dtype=fp32, num_envs=16 | cpu | 3.0 | 42.7 | – | – | – | aten::mm, aten::addmm | traces/t.json.gz |" \
+        in markdown
     html = html_path.read_text()
     # sps per point, phases, two swept axes (num_envs, dtype), scaling, utilization, collectives
     assert html.count('<figure class="plot"><svg') == 7
