@@ -63,13 +63,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None) -> dict:
+def to_args(values: dict) -> list[str]:
+    """The `rlperf train` flags that reproduce these TrainConfig values."""
+    args = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "inject_delay":
+            args += [arg for phase, ms in value.items() for arg in (flag, f"{phase}={ms}")]
+        elif isinstance(value, bool):
+            args.append(flag if value else "--no-" + name.replace("_", "-"))
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from reference_trainer.train import train
 
     if quiet:
-        return train(cfg, rank)
+        return train(cfg, rank, heartbeat and (lambda record: heartbeat()))
     columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
     with Progress(*columns, transient=True, console=_stderr_console()) as progress:
@@ -79,6 +93,8 @@ def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None) -> dict:
             ret = record["mean_episode_return"]
             progress.update(task, advance=1, sps=f"{record['steps'] / record['seconds']:,.0f}",
                             ret="-" if ret is None else f"{ret:.3f}")
+            if heartbeat is not None:
+                heartbeat()
 
         return train(cfg, rank, on_epoch)
 

@@ -60,6 +60,7 @@ class TrainConfig:
     copy_stream: bool = False
     compile: bool = False
     world_size: int = 1
+    rank_timeout: float = 300.0
     # measurement
     timers: bool = True
     warmup_epochs: int = 1
@@ -163,6 +164,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
               "learning_rate", "world_size", "trace_epochs")
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
                   "threads", "warmup_epochs", "env_cost_us")
+    _positive(cfg, "rank_timeout")
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
             raise ConfigError(name, f"must be between 0 and 1 (got {getattr(cfg, name)})")

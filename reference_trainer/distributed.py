@@ -1,0 +1,128 @@
+"""Training with several ranks: one process per rank on torch.distributed (gloo on CPU, nccl on CUDA).
+
+`rlperf train --world-size N` either joins a job that torchrun (or another launcher) started, seen by the
+RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT variables, or starts the N rank processes itself and
+watches them: a rank that exits with an error, or stops reporting progress for `rank_timeout` seconds,
+fails the whole run with that rank named, and the other ranks are stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from reference_trainer.config import TrainConfig
+from rlperf.errors import BadInput
+
+HEARTBEAT_DIR = "RLPERF_HEARTBEAT_DIR"
+POLL_SECONDS = 0.2
+
+
+class RankFailed(BadInput):
+    """A rank died or hung; the message names it."""
+
+
+def launch_or_join(cfg: TrainConfig, quiet: bool) -> dict | None:
+    if "RANK" in os.environ:
+        return join(cfg, quiet)
+    return launch(cfg, quiet)
+
+
+def join(cfg: TrainConfig, quiet: bool) -> dict | None:
+    """Runs this process's rank; rank 0 returns the summary with every rank's phases, others None."""
+    import torch
+    import torch.distributed as dist
+
+    from reference_trainer.cli import run_with_progress
+    from reference_trainer.train import Rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != cfg.world_size:
+        raise BadInput(f"world_size: the launcher started {world} ranks but world_size is {cfg.world_size}")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if cfg.is_cuda:
+        torch.cuda.set_device(local_rank)
+    elif not cfg.threads:
+        # N ranks each taking every core oversubscribe the CPU; give each its share.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("nccl" if cfg.is_cuda else "gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.rank_timeout))
+    heartbeat = Path(os.environ[HEARTBEAT_DIR]) / f"rank{rank}" if HEARTBEAT_DIR in os.environ else None
+    try:
+        if heartbeat is not None:
+            heartbeat.touch()
+        rank_cfg = cfg
+        if cfg.is_cuda:
+            rank_cfg = TrainConfig(**{**cfg.to_dict(), "device": f"cuda:{local_rank}"})
+        summary = run_with_progress(rank_cfg, quiet or rank != 0, Rank(rank, world),
+                                    heartbeat.touch if heartbeat is not None else None)
+        mine = {"rank": rank, "sps": summary["sps"], "phases": summary["phases"],
+                "device_name": summary["device_name"]}
+        everyone: list[dict | None] = [None] * world
+        dist.all_gather_object(everyone, mine)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    summary["ranks"] = everyone
+    return summary
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(cfg: TrainConfig, quiet: bool) -> dict:
+    """Starts one process per rank on this machine and returns rank 0's summary."""
+    from reference_trainer.cli import to_args
+
+    with tempfile.TemporaryDirectory(prefix="rlperf-ranks-") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(free_port()), HEARTBEAT_DIR: tmp}
+        ranks = []
+        for rank in range(cfg.world_size):
+            args = [sys.executable, "-m", "rlperf", "train", *to_args(cfg.to_dict()), "--quiet"]
+            if rank == 0:
+                args += ["--json", str(summary_path)]
+            log = open(Path(tmp) / f"rank{rank}.log", "w")
+            ranks.append(subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=log))
+            log.close()
+        try:
+            watch(ranks, Path(tmp), cfg.rank_timeout)
+        finally:
+            for proc in ranks:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        return json.loads(summary_path.read_text())
+
+
+def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) -> None:
+    """Waits for every rank; raises RankFailed naming the first that exits badly or goes silent."""
+    started = time.monotonic()
+    while True:
+        codes = [proc.poll() for proc in ranks]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
+                last_line = log.strip().splitlines()[-1:] or ["no message"]
+                raise RankFailed(f"world_size: rank {rank} exited with code {code} ({last_line[0]})")
+        if all(code == 0 for code in codes):
+            return
+        now = time.time()
+        for rank, code in enumerate(codes):
+            beat = heartbeat_dir / f"rank{rank}"
+            last = beat.stat().st_mtime if beat.exists() else now - (time.monotonic() - started)
+            if code is None and now - last > timeout:
+                raise RankFailed(f"world_size: rank {rank} made no progress for {timeout:g} s (rank_timeout)")
+        time.sleep(POLL_SECONDS)

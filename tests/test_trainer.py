@@ -1,0 +1,218 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
+from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv
+from reference_trainer.policy import Policy
+from reference_trainer.train import gae, train
+
+SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6)
+
+
+def small(**overrides) -> TrainConfig:
+    return validate(TrainConfig(**{**SMALL, **overrides}))
+
+
+def test_gae_matches_a_plain_loop():
+    rng = np.random.default_rng(0)
+    T, N, gamma, lam = 12, 5, 0.9, 0.8
+    rewards, values = rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    dones = (rng.random((T, N)) < 0.2).astype(float)
+    next_value = rng.normal(size=N)
+    expected = np.zeros((T, N))
+    for n in range(N):
+        running = 0.0
+        for t in range(T - 1, -1, -1):
+            following = next_value[n] if t == T - 1 else values[t + 1, n]
+            nonterminal = 1.0 - dones[t, n]
+            delta = rewards[t, n] + gamma * following * nonterminal - values[t, n]
+            running = delta + gamma * lam * nonterminal * running
+            expected[t, n] = running
+    as_t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    got = gae(as_t(rewards), as_t(values), as_t(dones), as_t(next_value), gamma, lam)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+def test_rollout_steps_and_training_sequences_compute_the_same_function():
+    torch.manual_seed(0)
+    T, B, obs_size = 10, 6, 5
+    policy = Policy(obs_size, 3, 16, use_lstm=True, fused_cell=True)
+    obs = torch.randn(T, B, obs_size)
+    starts = (torch.rand(T, B) < 0.3).float()
+    h0, c0 = torch.randn(B, 16), torch.randn(B, 16)
+    h, c = h0, c0
+    step_logits, step_values = [], []
+    with torch.no_grad():
+        for t in range(T):
+            logits, value, h, c = policy.step(obs[t], h, c, starts[t])
+            step_logits.append(logits)
+            step_values.append(value)
+        seq_logits, seq_values = policy(obs, h0, c0, starts)
+    torch.testing.assert_close(seq_logits, torch.stack(step_logits), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(seq_values, torch.stack(step_values), rtol=1e-5, atol=1e-6)
+    # a reset really cuts the memory: the outputs after a start do not depend on the state before it
+    starts[:, 0] = 0.0
+    starts[4, 0] = 1.0
+    with torch.no_grad():
+        a, _ = policy(obs, h0, c0, starts)
+        b, _ = policy(obs, torch.randn(B, 16), torch.randn(B, 16), starts)
+    torch.testing.assert_close(a[4:, 0], b[4:, 0])
+    assert not torch.allclose(a[:4, 0], b[:4, 0])
+
+
+def test_explicit_gate_arithmetic_matches_the_fused_cell():
+    torch.manual_seed(1)
+    fused = Policy(4, 2, 8, use_lstm=True, fused_cell=True)
+    explicit = Policy(4, 2, 8, use_lstm=True, fused_cell=False)
+    explicit.load_state_dict(fused.state_dict())
+    obs, starts = torch.randn(5, 3, 4), torch.zeros(5, 3)
+    h = c = torch.zeros(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(obs, h, c, starts)[0], explicit(obs, h, c, starts)[0])
+
+
+def test_envs_auto_reset_and_report_finished_episodes():
+    env = MemoryEnv(8, seed=0)
+    env.reset()
+    for _ in range(env.episode_length * 3):
+        obs, rewards, dones = env.step(np.zeros(8, np.int64))
+        assert obs.shape == (8, env.obs_size) and rewards.max() <= 1.0
+    returns, lengths = env.drain_episodes()
+    assert len(returns) == 24 and (lengths == env.episode_length).all()
+    cart = CartPoleEnv(4, seed=0)
+    cart.reset()
+    for _ in range(600):
+        cart.step(np.ones(4, np.int64))
+    returns, lengths = cart.drain_episodes()
+    assert len(returns) > 4 and (returns == lengths).all()
+
+
+def test_synthetic_env_is_the_same_data_however_envs_are_split():
+    whole = SyntheticEnv(8, 3, obs_size=4, num_actions=3, cost_us=0)
+    halves = [SyntheticEnv(4, 3, 4, 3, 0, env_offset=4 * k) for k in range(2)]
+    np.testing.assert_array_equal(whole.reset(), np.concatenate([h.reset() for h in halves]))
+    actions = np.arange(8) % 3
+    obs, rewards, dones = whole.step(actions)
+    split = [h.step(actions[4 * k:4 * k + 4]) for k, h in enumerate(halves)]
+    np.testing.assert_array_equal(obs, np.concatenate([s[0] for s in split]))
+    np.testing.assert_array_equal(rewards, np.concatenate([s[1] for s in split]))
+
+
+def test_phases_cover_the_epoch_and_the_summary_has_its_fields():
+    summary = train(small())
+    assert set(summary["phases"]) == set(PHASES)
+    assert summary["phase_coverage"] >= 0.97
+    for key in ("config", "sps", "sps_end_to_end", "warmup_seconds", "wall_seconds", "phases",
+                "mean_episode_return", "versions", "epochs"):
+        assert key in summary
+    assert summary["steps"] == 6 * 16 * 8 and summary["sps"] > 0
+    json.dumps(summary)
+
+
+def test_injected_delay_lands_in_its_phase():
+    from reference_trainer.selfcheck import median_phase_seconds
+
+    base = train(small(total_steps=16 * 8 * 8))
+    delayed = train(small(total_steps=16 * 8 * 8, inject_delay={"train_misc": 30.0}))
+    extra = median_phase_seconds(delayed, "train_misc") - median_phase_seconds(base, "train_misc")
+    assert 0.95 * 0.030 <= extra <= 1.3 * 0.030
+    others = sum(median_phase_seconds(delayed, p) - median_phase_seconds(base, p) for p in PHASES if p != "train_misc")
+    assert others < 0.3 * 0.030
+
+
+def test_same_seed_gives_identical_losses():
+    a, b = train(small(env="memory")), train(small(env="memory"))
+    assert [e["losses"] for e in a["epochs"]] == [e["losses"] for e in b["epochs"]]
+    c = train(small(env="memory", seed=2))
+    assert [e["losses"] for e in a["epochs"]] != [e["losses"] for e in c["epochs"]]
+
+
+def test_bf16_on_cpu_really_computes_in_bf16():
+    summary = train(small(dtype="bf16"))
+    assert summary["dtype_used"] == "bfloat16"
+    assert train(small(lstm=False, dtype="bf16"))["dtype_used"] == "bfloat16"
+
+
+def test_gymnasium_vector_env_trains():
+    summary = train(small(env="gym:CartPole-v1", num_envs=4, minibatch_size=16, total_steps=4 * 8 * 4))
+    assert summary["episodes"] >= 1 and summary["mean_episode_return"] is not None
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"env": "pong"}, "env"),
+        ({"num_envs": 0}, "num_envs"),
+        ({"horizon": -1}, "horizon"),
+        ({"minibatch_size": 100}, "minibatch_size"),
+        ({"cuda_graphs": True}, "cuda_graphs"),
+        ({"pinned": True}, "pinned"),
+        ({"dtype": "fp16"}, "dtype"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"obs_size": 8}, "obs_size"),
+        ({"num_envs": 63, "world_size": 2}, "num_envs"),
+        ({"inject_delay": {"nap": 1}}, "inject_delay"),
+        ({"num_envs": "many"}, "num_envs"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_bad_settings_name_their_field(values, field):
+    with pytest.raises(ConfigError) as err:
+        from_dict(values)
+    assert err.value.field_name == field
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--env", "pong"], "env: unknown environment 'pong'"),
+        (["--num-envs", "-4"], "num_envs: must be a positive number"),
+        (["--minibatch-size", "100"], "minibatch_size: must be a multiple of horizon"),
+        (["--cuda-graphs"], "cuda_graphs: needs a CUDA device"),
+        (["--device", "cuda"], "device: cuda requested but CUDA is not available"),
+        (["--inject-delay", "learn"], "inject_delay: expected PHASE=MS"),
+        (["--num-envs", "lots"], "--num-envs: invalid int value"),
+    ],
+)
+def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is present")
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--quiet", *args], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_cli_writes_the_summary(tmp_path):
+    out = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlperf", "train", "--env", "synthetic", "--num-envs", "8", "--horizon", "8",
+         "--minibatch-size", "32", "--total-steps", "256", "--json", str(out)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SPS" in proc.stdout and "train_forward" in proc.stdout
+    assert json.loads(out.read_text())["config"]["num_envs"] == 8
+
+
+@pytest.mark.slow
+def test_memory_needs_the_lstm():
+    with_lstm = train(validate(TrainConfig(env="memory", total_steps=200_000, seed=1)))
+    without = train(validate(TrainConfig(env="memory", total_steps=200_000, seed=1, lstm=False)))
+    assert with_lstm["mean_episode_return"] >= 0.9
+    assert without["mean_episode_return"] < 0.5
+
+
+@pytest.mark.slow
+def test_cartpole_is_solved():
+    summary = train(validate(TrainConfig(env="cartpole", **CARTPOLE)))
+    assert summary["mean_episode_return"] >= 450
+
+
+CARTPOLE = dict(total_steps=200_000, num_envs=16, horizon=32, minibatch_size=128, update_epochs=4,
+                learning_rate=1e-3, gamma=0.99, ent_coef=0.0)
