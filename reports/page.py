@@ -106,7 +106,7 @@ table { border-collapse:collapse; font-size:13px; font-variant-numeric:tabular-n
 th, td { text-align:left; padding:5px 14px 5px 0; border-bottom:1px solid var(--line); vertical-align:top; }
 td { white-space:nowrap; }
 td:first-child { white-space:normal; min-width:170px; }
-td:last-child { white-space:normal; min-width:200px; }
+td:last-child { white-space:normal; min-width:200px; overflow-wrap:anywhere; }
 th { color:var(--muted); font-weight:600; font-size:12px; border-bottom:2px solid var(--line); }
 tbody tr:hover { background:var(--panel); }
 figure.plot { margin:12px 0 18px; padding:10px; background:#fff; border:1px solid var(--line);
