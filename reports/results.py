@@ -10,7 +10,7 @@ import pandas as pd
 
 from benches.store import Store, open_results
 from reference_trainer.config import PHASES
-from reports.verdicts import point_label, steady_epochs
+from reports.verdicts import point_label
 from rlperf.errors import BadInput
 
 
@@ -75,10 +75,8 @@ def point_table(run: RunData) -> pd.DataFrame:
             "sps_end_to_end": float(samples["sps_end_to_end"].median()) if len(sps) else np.nan,
             "warmup_seconds": float(samples["warmup_seconds"].median()) if len(sps) else np.nan,
             "mean_episode_return": _median_or_nan(samples["mean_episode_return"]),
-            "world_size": int(point.config.get("world_size", 1)),
             "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
             "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
-            "epochs_per_repeat": len(steady_epochs(summaries[0])) if summaries else 0,
         })
     return pd.DataFrame(rows)
 
