@@ -5,6 +5,7 @@ Used by `rlperf profile` and by the bench harness for points marked `profile = t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -103,8 +104,6 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
 
 def train_argv(cfg: TrainConfig) -> list[str]:
     """`rlperf train` flags that reproduce `cfg`, except trace_dir, which the caller sets."""
-    import dataclasses
-
     argv = []
     for f in dataclasses.fields(TrainConfig):
         if f.name == "trace_dir":
