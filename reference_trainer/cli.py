@@ -35,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})".strip())
     parser.add_argument("--json", metavar="PATH", help="write the run's summary here (docs/results-format.md)")
+    parser.add_argument("--save-policy", metavar="PATH", default="", help="save the trained policy's state_dict here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
@@ -49,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.world_size > 1:
         from reference_trainer.distributed import launch_or_join
 
-        summary = launch_or_join(cfg, quiet=args.quiet)
+        summary = launch_or_join(cfg, args.quiet, args.save_policy)
         if summary is None:  # a non-zero rank: rank 0 reports
             return 0
     else:
-        summary = run_with_progress(cfg, args.quiet)
+        summary = run_with_progress(cfg, args.quiet, save_policy=args.save_policy)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,13 +78,13 @@ def to_args(values: dict) -> list[str]:
     return args
 
 
-def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None) -> dict:
+def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None, save_policy: str = "") -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from reference_trainer.train import train
 
     if quiet:
-        return train(cfg, rank, heartbeat and (lambda record: heartbeat()))
+        return train(cfg, rank, heartbeat and (lambda record: heartbeat()), save_policy)
     columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
     with Progress(*columns, transient=True, console=_stderr_console()) as progress:
@@ -96,7 +97,7 @@ def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None) 
             if heartbeat is not None:
                 heartbeat()
 
-        return train(cfg, rank, on_epoch)
+        return train(cfg, rank, on_epoch, save_policy)
 
 
 def _stderr_console():

@@ -29,13 +29,13 @@ class RankFailed(BadInput):
     """A rank died or hung; the message names it."""
 
 
-def launch_or_join(cfg: TrainConfig, quiet: bool) -> dict | None:
+def launch_or_join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     if "RANK" in os.environ:
-        return join(cfg, quiet)
-    return launch(cfg, quiet)
+        return join(cfg, quiet, save_policy)
+    return launch(cfg, save_policy)
 
 
-def join(cfg: TrainConfig, quiet: bool) -> dict | None:
+def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     """Runs this process's rank; rank 0 returns the summary with every rank's phases, others None."""
     import torch
     import torch.distributed as dist
@@ -62,7 +62,7 @@ def join(cfg: TrainConfig, quiet: bool) -> dict | None:
         if cfg.is_cuda:
             rank_cfg = TrainConfig(**{**cfg.to_dict(), "device": f"cuda:{local_rank}"})
         summary = run_with_progress(rank_cfg, quiet or rank != 0, Rank(rank, world),
-                                    heartbeat.touch if heartbeat is not None else None)
+                                    heartbeat.touch if heartbeat is not None else None, save_policy)
         mine = {"rank": rank, "sps": summary["sps"], "phases": summary["phases"],
                 "device_name": summary["device_name"]}
         everyone: list[dict | None] = [None] * world
@@ -81,7 +81,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(cfg: TrainConfig, quiet: bool) -> dict:
+def launch(cfg: TrainConfig, save_policy: str) -> dict:
     """Starts one process per rank on this machine and returns rank 0's summary."""
     from reference_trainer.cli import to_args
 
@@ -93,7 +93,7 @@ def launch(cfg: TrainConfig, quiet: bool) -> dict:
         for rank in range(cfg.world_size):
             args = [sys.executable, "-m", "rlperf", "train", *to_args(cfg.to_dict()), "--quiet"]
             if rank == 0:
-                args += ["--json", str(summary_path)]
+                args += ["--json", str(summary_path)] + (["--save-policy", save_policy] if save_policy else [])
             log = open(Path(tmp) / f"rank{rank}.log", "w")
             ranks.append(subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=log))
             log.close()
@@ -108,15 +108,19 @@ def launch(cfg: TrainConfig, quiet: bool) -> dict:
 
 
 def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) -> None:
-    """Waits for every rank; raises RankFailed naming the first that exits badly or goes silent."""
+    """Waits for every rank; raises RankFailed naming the rank that failed first or went silent.
+
+    When one rank dies its peers fail too, in their next collective; the rank to blame is the one seen
+    failing first, and among those seen in the same poll, one killed by a signal before one that exited."""
     started = time.monotonic()
     while True:
         codes = [proc.poll() for proc in ranks]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
-                last_line = log.strip().splitlines()[-1:] or ["no message"]
-                raise RankFailed(f"world_size: rank {rank} exited with code {code} ({last_line[0]})")
+        failed = sorted((code > 0, rank, code) for rank, code in enumerate(codes) if code not in (None, 0))
+        if failed:
+            _, rank, code = failed[0]
+            log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
+            last_line = log.strip().splitlines()[-1:] or ["no message"]
+            raise RankFailed(f"world_size: rank {rank} exited with code {code} ({last_line[0]})")
         if all(code == 0 for code in codes):
             return
         now = time.time()

@@ -97,7 +97,8 @@ def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages
     return loss, stats
 
 
-def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None) -> dict:
+def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None,
+          save_policy: str = "") -> dict:
     rank = rank or Rank()
     process_start = time.perf_counter()
     device = torch.device(cfg.device)
@@ -350,6 +351,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
     if profiler is not None:
         profiler.stop()
+    if save_policy and rank.rank == 0:
+        torch.save(policy.state_dict(), save_policy)
     wall = time.perf_counter() - process_start
     return summarize(cfg, epochs, wall, warmup_end - process_start, compile_seconds, total_episodes, dtype_used,
                      device, timer.timeline, profiler)
