@@ -203,6 +203,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("copy_stream", "needs pinned=true and non_blocking=true to overlap anything")
     if cfg.cuda_graphs and cfg.world_size > 1:
         raise ConfigError("cuda_graphs", "is not supported with world_size > 1 (DDP's collectives are not captured)")
+    if cfg.cuda_graphs and cfg.dtype == "fp16":
+        raise ConfigError("dtype", "fp16 is not supported with cuda_graphs (use bf16, which needs no loss scaling)")
     if cfg.cuda_graphs and cfg.inject_delay:
         raise ConfigError("inject_delay", "cannot be used with cuda_graphs (a host sleep is not captured)")
 

@@ -112,7 +112,9 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     autocast_dtype = AUTOCAST_DTYPES[cfg.dtype]
 
     def autocast():
-        return torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+        # Cached weight casts would outlive a CUDA graph capture; casts must be part of each replay.
+        return torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None,
+                              cache_enabled=not cfg.cuda_graphs)
 
     # --- environments and policy -------------------------------------------------------------------
     n = cfg.envs_per_rank
@@ -207,24 +209,41 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         optimizer.zero_grad(set_to_none=False)
 
     compile_seconds = 0.0
+
+    def timed_first_call(fn: Callable[[], None]) -> Callable[[], None]:
+        """torch.compile compiles on the first call; that call's time is reported as compile time."""
+        called = False
+
+        def call() -> None:
+            nonlocal called, compile_seconds
+            if called:
+                return fn()
+            called = True
+            start = time.perf_counter()
+            fn()
+            compile_seconds += time.perf_counter() - start
+
+        return call
+
     if cfg.compile:
-        policy_step = torch.compile(policy_step)
-        forward_loss = torch.compile(forward_loss)
+        policy_step = timed_first_call(torch.compile(policy_step))
+        forward_loss = timed_first_call(torch.compile(forward_loss))
+        backward_step = timed_first_call(backward_step)  # the compiled backward is built on its first use
     step_fn, forward_fn, learn_fn = policy_step, forward_loss, backward_step
 
     def capture_graphs() -> None:
-        """Replaces the eager step and update with CUDA graphs, after eager warm-up epochs ran them."""
+        """Replaces the eager step and update with CUDA graphs, after eager warm-up epochs ran them.
+
+        Capture records kernels without running them, so no state advances here. The update is two graphs
+        (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
+        pool because the backward graph reads what the forward graph saved."""
         nonlocal step_fn, forward_fn, learn_fn
         step_graph, forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        saved_h, saved_c = h.clone(), c.clone()
         with torch.cuda.graph(step_graph):
             policy_step()
-        h.copy_(saved_h)
-        c.copy_(saved_c)
-        pool = step_graph.pool()
-        with torch.cuda.graph(forward_graph, pool=pool):
+        with torch.cuda.graph(forward_graph):
             forward_loss()
-        with torch.cuda.graph(learn_graph, pool=pool):
+        with torch.cuda.graph(learn_graph, pool=forward_graph.pool()):
             backward_step()
         step_fn, forward_fn, learn_fn = step_graph.replay, forward_graph.replay, learn_graph.replay
 
@@ -247,6 +266,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
                 capture_graphs()
             compile_seconds += time.perf_counter() - capture_start
             warmup_end = time.perf_counter()
+            steady_start_ns = time.time_ns()
         traced = profiler is not None and cfg.warmup_epochs <= epoch < cfg.warmup_epochs + cfg.trace_epochs
         timer.trace_ranges = timer.record_timeline = traced
         timer.start_epoch()
@@ -280,6 +300,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
             host_obs[slot].numpy()[:] = next_obs
             host_reward_done[slot, 0].numpy()[:] = rewards
             host_reward_done[slot, 1].numpy()[:] = dones
+            if copy_stream is not None:
+                copy_stream.wait_stream(torch.cuda.current_stream())  # earlier reads of these buffers first
             with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
                 obs_buf[t + 1].copy_(host_obs[slot], non_blocking=nb)
                 rewards_buf[t].copy_(host_reward_done[slot, 0], non_blocking=nb)
@@ -349,13 +371,16 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         if on_epoch is not None:
             on_epoch(record)
 
+    steady_end_ns = time.time_ns()
     if profiler is not None:
         profiler.stop()
     if save_policy and rank.rank == 0:
         torch.save(policy.state_dict(), save_policy)
     wall = time.perf_counter() - process_start
-    return summarize(cfg, epochs, wall, warmup_end - process_start, compile_seconds, total_episodes, dtype_used,
-                     device, timer.timeline, profiler)
+    summary = summarize(cfg, epochs, wall, warmup_end - process_start, compile_seconds, total_episodes, dtype_used,
+                        device, timer.timeline, profiler)
+    summary["steady_window_unix_ns"] = [steady_start_ns, steady_end_ns]
+    return summary
 
 
 def start_profiler(cfg: TrainConfig, device: torch.device):
@@ -410,6 +435,7 @@ def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes
         "dtype_used": str(dtype_used).removeprefix("torch."),
         "world_size": cfg.world_size,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_uuid": f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None,
         "versions": versions(),
     }
     if profiler is not None:
