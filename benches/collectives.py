@@ -1,0 +1,574 @@
+"""`rlperf collectives`: time all_reduce, all_gather, reduce_scatter and broadcast over a sweep of message sizes.
+
+Launching. Under torchrun (or any launcher that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT) this
+process is one rank, and rank 0 prints and stores the results. Otherwise it starts `--world-size` rank
+processes on this machine and watches them: a rank that exits badly, or a job in which no rank enters a new
+collective for `--rank-timeout` seconds, fails the run with the rank named, and the other ranks are stopped.
+
+Measuring. Each size of each op runs once with its result checked, then `--warmup` times, then `--iters`
+timed times. Every timed iteration is clocked on every rank (CUDA events on GPU, read after a synchronize;
+a monotonic clock on CPU, where gloo calls return when done) and the slowest rank's time is kept: an
+all_reduce with MAX over the ranks' times. Sizes and bandwidths follow the nccl-tests convention: the size
+of all_gather is the gathered output and of reduce_scatter the full input; algbw = bytes / time, and busbw =
+algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast, which makes
+busbw comparable with the link's bandwidth whatever the rank count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+from benches.cli import DEFAULT_OUT, STORE_FILE, positive_float, positive_int
+from rlperf.errors import BadInput
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+BACKENDS = ("gloo", "nccl")
+ELEMENT_BYTES = 4  # float32
+DEFAULT_MIN_BYTES = 8
+# nccl-tests goes to a GiB on GPUs; gloo on a few CPU cores moves a few hundred MB/s to a few GB/s, and
+# 64 MiB keeps the CPU default well under a minute.
+DEFAULT_MAX_BYTES = {"nccl": 2**30, "gloo": 64 * 2**20}
+DEFAULT_ITERS = 20
+DEFAULT_WARMUP = 5
+DEFAULT_RANK_TIMEOUT = 120.0
+SUITE = "collectives"
+
+# Set for the rank processes this command starts itself: where they find their heartbeat files and where
+# rank 0 leaves the results for the launcher.
+LAUNCH_DIR_ENV = "RLPERF_COLLECTIVES_DIR"
+RESULT_FILE = "result.json"
+POLL_SECONDS = 0.1
+# Heartbeat stages before the first op; op i is stage FIRST_OP_STAGE + i.
+STARTING, JOINING, AGREEING, FIRST_OP_STAGE = 0, 1, 2, 3
+
+
+class RankFailed(Exception):
+    """A rank died or stopped making progress; the message names it."""
+
+
+# ---- sizes and bandwidth ------------------------------------------------------------------------------------
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' ratio of bus bandwidth to algorithm bandwidth."""
+    if op == "all_reduce":
+        return 2 * (world_size - 1) / world_size
+    if op in ("all_gather", "reduce_scatter"):
+        return (world_size - 1) / world_size
+    return 1.0
+
+
+def element_counts(op: str, min_bytes: int, max_bytes: int, world_size: int) -> list[int]:
+    """float32 element counts for sizes doubling from min_bytes to max_bytes. all_gather and reduce_scatter
+    split their buffer evenly among the ranks, so their counts are rounded down to a multiple of the rank
+    count (at least one element per rank); sizes that round to the same count are measured once."""
+    counts: list[int] = []
+    size = min_bytes
+    while size <= max_bytes:
+        count = max(1, size // ELEMENT_BYTES)
+        if op in ("all_gather", "reduce_scatter"):
+            count = max(world_size, count // world_size * world_size)
+        if count not in counts:
+            counts.append(count)
+        size *= 2
+    return counts
+
+
+def bandwidth_row(op: str, backend: str, world_size: int, nbytes: int, repeat: int, seconds: float) -> dict:
+    algbw = nbytes / seconds / 1e9
+    return {"op": op, "backend": backend, "world_size": world_size, "bytes": nbytes, "repeat": repeat,
+            "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world_size)}
+
+
+BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def byte_count(text: str) -> int:
+    """`1024`, `64K`, `16MiB`, `1G` (binary units) as a number of bytes."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", text, flags=re.IGNORECASE)
+    if not found or int(found[1]) * BYTE_UNITS[found[2].lower()] < ELEMENT_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"must be a byte count of at least {ELEMENT_BYTES} (one float32), like 1024, 64K, 16M or 1G (got {text!r})")
+    return int(found[1]) * BYTE_UNITS[found[2].lower()]
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:g} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:g} GiB"
+
+
+def non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more (got {text!r})")
+    return int(text)
+
+
+# ---- settings -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    world_size: int
+    backend: str
+    min_bytes: int
+    max_bytes: int | None  # None: the backend's default, capped by free memory
+    iters: int
+    warmup: int
+    rank_timeout: float
+
+    def as_args(self) -> list[str]:
+        args = ["--world-size", str(self.world_size), "--backend", self.backend, "--min-bytes", str(self.min_bytes),
+                "--iters", str(self.iters), "--warmup", str(self.warmup), "--rank-timeout", repr(self.rank_timeout)]
+        if self.max_bytes is not None:
+            args += ["--max-bytes", str(self.max_bytes)]
+        return args
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-size", type=positive_int, metavar="N",
+                        help="ranks (default: every visible GPU with nccl, 2 with gloo; under torchrun its WORLD_SIZE)")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="nccl on CUDA tensors or gloo on CPU tensors (default: nccl when a GPU is visible)")
+    parser.add_argument("--min-bytes", type=byte_count, default=DEFAULT_MIN_BYTES, metavar="B",
+                        help=f"smallest message, e.g. 8, 64K, 1M (default {DEFAULT_MIN_BYTES}); sizes double from here")
+    parser.add_argument("--max-bytes", type=byte_count, metavar="B",
+                        help="largest message (default 1G with nccl, 64M with gloo); capped by free memory")
+    parser.add_argument("--iters", type=positive_int, default=DEFAULT_ITERS, metavar="K",
+                        help=f"timed iterations per op and size (default {DEFAULT_ITERS})")
+    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
+                        help=f"untimed iterations before them (default {DEFAULT_WARMUP})")
+    parser.add_argument("--rank-timeout", type=positive_float, default=DEFAULT_RANK_TIMEOUT, metavar="S",
+                        help="fail when no rank enters a new collective for this long "
+                             f"(default {DEFAULT_RANK_TIMEOUT:g}); it must exceed the slowest single collective")
+    parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
+                        help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
+    parser.add_argument("--label", help="a note stored with the run")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_bytes is not None and args.max_bytes < args.min_bytes:
+        raise BadInput(f"max_bytes: must be at least --min-bytes ({args.min_bytes}), got {args.max_bytes}")
+    if LAUNCH_DIR_ENV in os.environ:
+        return run_launched_rank(args)
+    if "RANK" in os.environ:
+        return run_external_rank(args)
+    return run_launcher(args)
+
+
+def check_backend(backend: str, world_size: int, local_ranks: int, gpu_count: int, nccl: bool) -> None:
+    if backend != "nccl":
+        return
+    if not gpu_count or not nccl:
+        raise BadInput("backend: nccl needs a CUDA GPU and a torch built with NCCL; none here (use --backend gloo)")
+    if local_ranks > gpu_count:
+        raise BadInput(f"world_size: {local_ranks} nccl ranks on this machine need {local_ranks} GPUs; "
+                       f"{gpu_count} visible (world size {world_size})")
+
+
+# ---- the launcher -------------------------------------------------------------------------------------------
+
+def run_launcher(args: argparse.Namespace) -> int:
+    from benches.probe import probe
+    from benches.store import Store
+    from benches.sweep import default_console
+
+    machine = probe()
+    backend = args.backend or ("nccl" if machine.gpus and machine.nccl else "gloo")
+    world_size = args.world_size or (len(machine.gpus) if backend == "nccl" else 2)
+    check_backend(backend, world_size, world_size, len(machine.gpus), machine.nccl is not None)
+    settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
+                        args.rank_timeout)
+    console = default_console()
+    args.store.parent.mkdir(parents=True, exist_ok=True)
+    with Store.open(args.store) as store:  # a bad store is refused before anything is measured
+        try:
+            result = launch(settings, console)
+        except RankFailed as exc:
+            sys.stderr.write(f"rlperf collectives: error: {exc}\n")
+            return 1
+        run_id = save(store, result, settings, machine, args.label)
+    show(console, result, run_id, args.store)
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(settings: Settings, console) -> dict:
+    """Starts the rank processes, watches them, and returns rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="rlperf-collectives-") as tmp:
+        workdir = Path(tmp)
+        env = {**os.environ, "WORLD_SIZE": str(settings.world_size), "LOCAL_WORLD_SIZE": str(settings.world_size),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), LAUNCH_DIR_ENV: tmp}
+        ranks = []
+        try:
+            for rank in range(settings.world_size):
+                Heartbeat.create(workdir, rank)
+                # benches.launch makes each rank die with this process, even when it is killed outright.
+                command = [sys.executable, "-m", "benches.launch", str(os.getpid()), sys.executable, "-m", "rlperf",
+                           "collectives", *settings.as_args()]
+                with open(workdir / f"rank{rank}.log", "w") as log:
+                    ranks.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                                  stdout=log, stderr=subprocess.STDOUT))
+            with console.status("starting ranks") as status:
+                watch(ranks, workdir, settings.rank_timeout,
+                      lambda stage, nbytes: status.update(f"{settings.world_size} {settings.backend} ranks: "
+                                                          f"{describe_stage(stage, nbytes)}"))
+        finally:
+            for proc in ranks:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        return json.loads((workdir / RESULT_FILE).read_text())
+
+
+def describe_stage(stage: int, nbytes: int) -> str:
+    if stage == STARTING:
+        return "starting"
+    if stage == JOINING:
+        return "joining the process group"
+    if stage == AGREEING:
+        return "agreeing on message sizes"
+    return f"{OPS[stage - FIRST_OP_STAGE]} of {format_bytes(nbytes)}"
+
+
+def watch(ranks: list[subprocess.Popen], workdir: Path, timeout: float,
+          on_progress: Callable[[int, int], None]) -> None:
+    """Returns when every rank exited cleanly; raises RankFailed when one exits badly or the job stalls."""
+    last_counts = [-1] * len(ranks)
+    last_change = time.monotonic()
+    while True:
+        codes = [proc.poll() for proc in ranks]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            # A killed rank makes its peers fail too ("connection closed"): name the killed one first.
+            failed.sort(key=lambda rank: (codes[rank] >= 0, rank))
+            raise RankFailed("; ".join(exit_text(rank, codes[rank], workdir) for rank in failed))
+        if all(code == 0 for code in codes):
+            return
+        beats = [Heartbeat.read(workdir, rank) for rank in range(len(ranks))]
+        counts = [count for count, _, _ in beats]
+        now = time.monotonic()
+        if counts != last_counts:
+            last_counts, last_change = counts, now
+            on_progress(*beats[0][1:])
+        elif now - last_change > timeout:
+            raise RankFailed(stall_text(beats, codes, timeout))
+        time.sleep(POLL_SECONDS)
+
+
+def exit_text(rank: int, code: int, workdir: Path) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"rank {rank} was killed by {name}"
+    lines = [line for line in (workdir / f"rank{rank}.log").read_text(errors="replace").splitlines() if line.strip()]
+    return f"rank {rank} exited with code {code} ({lines[-1].strip() if lines else 'no message'})"
+
+
+def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], timeout: float) -> str:
+    """Ranks that entered fewer collectives than the others are the ones holding the job up; when all
+    entered the same number, every rank is stuck inside the same collective."""
+    running = [rank for rank, code in enumerate(codes) if code is None]
+    fewest = min(beats[rank][0] for rank in running)
+    behind = [rank for rank in running if beats[rank][0] == fewest]
+    where = describe_stage(*beats[behind[0]][1:])
+    names = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+    if len(behind) < len(running):
+        others = max(running, key=lambda rank: beats[rank][0])
+        return (f"{names} made no progress for {timeout:g} s (rank_timeout) at {where}; the other ranks wait in "
+                f"{describe_stage(*beats[others][1:])}")
+    return f"{names} made no progress for {timeout:g} s (rank_timeout), all inside {where}"
+
+
+class Heartbeat:
+    """Three int64 slots in a small file the launcher reads: collectives entered so far, the stage, and
+    the message size. A store into the mapped page costs well under a microsecond, so it can sit between
+    timed collectives. Without a launcher (torchrun) the slots are plain memory."""
+
+    SLOTS = struct.Struct("3q")
+
+    def __init__(self, path: Path | None):
+        if path is None:
+            self._slots = memoryview(bytearray(self.SLOTS.size)).cast("q")
+            return
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), self.SLOTS.size)
+        self._slots = memoryview(self._map).cast("q")
+
+    @classmethod
+    def create(cls, workdir: Path, rank: int) -> None:
+        (workdir / f"rank{rank}.beat").write_bytes(cls.SLOTS.pack(0, STARTING, 0))
+
+    @classmethod
+    def read(cls, workdir: Path, rank: int) -> tuple[int, int, int]:
+        return cls.SLOTS.unpack((workdir / f"rank{rank}.beat").read_bytes())
+
+    def enter(self, stage: int, nbytes: int = 0) -> None:
+        self._slots[1] = stage
+        self._slots[2] = nbytes
+        self._slots[0] += 1
+
+    def tick(self) -> None:
+        self._slots[0] += 1
+
+
+# ---- the ranks ----------------------------------------------------------------------------------------------
+
+def run_launched_rank(args: argparse.Namespace) -> int:
+    workdir = Path(os.environ[LAUNCH_DIR_ENV])
+    rank = int(os.environ["RANK"])
+    settings = Settings(args.world_size, args.backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
+                        args.rank_timeout)
+    # The launcher's watchdog decides first; the process group's own timeout is the backstop.
+    result = measure(settings, Heartbeat(workdir / f"rank{rank}.beat"), timedelta(seconds=2 * args.rank_timeout))
+    if result is not None:
+        partial = workdir / f"{RESULT_FILE}.partial"
+        partial.write_text(json.dumps(result))
+        partial.rename(workdir / RESULT_FILE)
+    return 0
+
+
+def run_external_rank(args: argparse.Namespace) -> int:
+    """One rank of a torchrun job (one node or several); rank 0 prints and stores."""
+    import torch
+    import torch.distributed as dist
+
+    from benches.probe import Machine, describe_torch
+    from benches.store import Store
+    from benches.sweep import default_console
+
+    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if args.world_size is not None and args.world_size != world_size:
+        raise BadInput(f"world_size: the launcher started {world_size} ranks but --world-size is {args.world_size}")
+    nccl = torch.cuda.is_available() and dist.is_nccl_available()
+    backend = args.backend or ("nccl" if nccl else "gloo")
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_backend(backend, world_size, local_ranks, torch.cuda.device_count(), nccl)
+    settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
+                        args.rank_timeout)
+    store = None
+    if rank == 0:
+        args.store.parent.mkdir(parents=True, exist_ok=True)
+        store = Store.open(args.store)
+    try:
+        result = measure(settings, Heartbeat(None), timedelta(seconds=args.rank_timeout))
+        if store is None:
+            return 0
+        run_id = save(store, result, settings, Machine(**describe_torch()), args.label)
+    finally:
+        if store is not None:
+            store.close()
+    show(default_console(), result, run_id, args.store)
+    return 0
+
+
+def measure(settings: Settings, beat: Heartbeat, timeout: timedelta) -> dict | None:
+    """This rank's part of the sweep; rank 0 returns the rows (slowest rank per timed iteration), others None."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", settings.world_size))
+    on_gpu = settings.backend == "nccl"
+    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    beat.enter(JOINING)
+    dist.init_process_group(settings.backend, rank=rank, world_size=settings.world_size, timeout=timeout,
+                            device_id=device if on_gpu else None)
+    try:
+        beat.enter(AGREEING)
+        cap = torch.tensor([memory_cap(device, local_ranks)], dtype=torch.int64, device=device)
+        dist.all_reduce(cap, op=dist.ReduceOp.MIN)
+        requested = settings.max_bytes or DEFAULT_MAX_BYTES[settings.backend]
+        max_bytes = min(requested, int(cap.item()))
+        if max_bytes < settings.min_bytes:
+            raise RuntimeError(f"max_bytes: free memory allows messages up to {format_bytes(max_bytes)}, "
+                               f"below --min-bytes {format_bytes(settings.min_bytes)}")
+        clock = EventClock(torch) if on_gpu else WallClock()
+        rows = []
+        for stage, op in enumerate(OPS, start=FIRST_OP_STAGE):
+            for count in element_counts(op, settings.min_bytes, max_bytes, settings.world_size):
+                nbytes = count * ELEMENT_BYTES
+                beat.enter(stage, nbytes)
+                seconds = time_op(op, count, settings, device, clock, beat)
+                if rank == 0:
+                    rows += [bandwidth_row(op, settings.backend, settings.world_size, nbytes, repeat, s)
+                             for repeat, s in enumerate(seconds)]
+        device_name = torch.cuda.get_device_name(device) if on_gpu else "cpu"
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"rows": rows, "device_name": device_name, "max_bytes": max_bytes, "requested_max_bytes": requested}
+
+
+def memory_cap(device, local_ranks: int) -> int:
+    """The largest power-of-two message every op can hold here: all_gather and reduce_scatter keep the
+    full buffer plus a rank's share (under 2x the size); CPU ranks on one host share its RAM."""
+    import psutil
+    import torch
+
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0] * 0.8
+    else:
+        free = psutil.virtual_memory().available * 0.6 / local_ranks
+    usable = int(free // 2)
+    return 1 << (usable.bit_length() - 1) if usable > 0 else 0
+
+
+class WallClock:
+    """gloo on CPU tensors returns when the collective is done, so a host clock reads its duration."""
+
+    def mark(self) -> int:
+        return time.perf_counter_ns()
+
+    def seconds(self, starts: list, ends: list) -> list[float]:
+        return [(end - start) / 1e9 for start, end in zip(starts, ends)]
+
+
+class EventClock:
+    """CUDA events on the current stream, which waits for NCCL's stream after each collective; read
+    after a device synchronize."""
+
+    def __init__(self, torch_module):
+        self.torch = torch_module
+
+    def mark(self):
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, starts: list, ends: list) -> list[float]:
+        self.torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
+
+
+def time_op(op: str, count: int, settings: Settings, device, clock, beat: Heartbeat) -> list[float]:
+    """The slowest rank's seconds for each timed iteration of one op at one size."""
+    import torch
+    import torch.distributed as dist
+
+    world, rank = settings.world_size, dist.get_rank()
+    call, check = collective(op, count, world, rank, device)
+    beat.tick()
+    call()
+    if not check():
+        raise RuntimeError(f"{op} of {format_bytes(count * ELEMENT_BYTES)} gave a wrong result on rank {rank}")
+    for _ in range(settings.warmup):
+        beat.tick()
+        call()
+    dist.barrier()
+    starts, ends = [], []
+    for _ in range(settings.iters):
+        beat.tick()
+        starts.append(clock.mark())
+        call()
+        ends.append(clock.mark())
+    slowest = torch.tensor(clock.seconds(starts, ends), dtype=torch.float64, device=device)
+    beat.tick()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
+def collective(op: str, count: int, world: int, rank: int, device) -> tuple[Callable[[], Any], Callable[[], bool]]:
+    """The call to time and a check of its first result. Ranks contribute rank + 1, so a sum over ranks is
+    world (world + 1) / 2; after the check the buffers are zeroed, so repeated in-place sums stay finite."""
+    import torch
+    import torch.distributed as dist
+
+    # The *_single names replace the *_tensor ones in newer torch.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    total = world * (world + 1) / 2
+    if op == "all_reduce":
+        data = torch.full((count,), rank + 1.0, device=device)
+        return lambda: dist.all_reduce(data), lambda: zeroed(bool(data.eq(total).all()), data)
+    if op == "all_gather":
+        share = torch.full((count // world,), rank + 1.0, device=device)
+        gathered = torch.empty(count, device=device)
+        expected = torch.arange(1, world + 1, device=device, dtype=torch.float32).unsqueeze(1)
+        return (lambda: all_gather(gathered, share),
+                lambda: zeroed(bool(gathered.view(world, -1).eq(expected).all()), share))
+    if op == "reduce_scatter":
+        data = torch.full((count,), rank + 1.0, device=device)
+        share = torch.empty(count // world, device=device)
+        return lambda: reduce_scatter(share, data), lambda: zeroed(bool(share.eq(total).all()), data)
+    data = torch.full((count,), 1.0 if rank == 0 else 0.0, device=device)
+    return lambda: dist.broadcast(data, src=0), lambda: zeroed(bool(data.eq(1.0).all()), data)
+
+
+def zeroed(ok: bool, data) -> bool:
+    data.zero_()
+    return ok
+
+
+# ---- storing and showing ------------------------------------------------------------------------------------
+
+def save(store, result: dict, settings: Settings, machine, label: str | None) -> str:
+    """Adds one run holding the rows, with the fingerprint bench runs carry; the settings are its
+    `suite_overrides` and their hash its `suite_hash`."""
+    from benches.fingerprint import collect, machine_key
+
+    described = {**asdict(settings), "max_bytes": result["max_bytes"], "ops": list(OPS),
+                 "element": "float32", "device_name": result["device_name"]}
+    suite_hash = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+    fingerprint = collect(machine, suite_hash, described)
+    run_id = store.create_run(SUITE, suite_hash, fingerprint, machine_key(fingerprint), label)
+    store.add_collectives(run_id, result["rows"])
+    store.finish_run(run_id, "complete")
+    return run_id
+
+
+def show(console, result: dict, run_id: str, store_path: Path) -> None:
+    from rich.table import Table
+
+    rows = result["rows"]
+    first = rows[0]
+    capped = ""
+    if result["max_bytes"] < result["requested_max_bytes"]:
+        capped = f"; sizes capped at {format_bytes(result['max_bytes'])} by free memory"
+    table = Table(title=f"{first['backend']}, {first['world_size']} ranks on {result['device_name']}: "
+                        f"median of {len({r['repeat'] for r in rows})} timed iterations, each the slowest rank's "
+                        f"time{capped}")
+    for column in ("op", "size", "time µs", "min–max µs", "algbw GB/s", "busbw GB/s"):
+        table.add_column(column, justify="left" if column == "op" else "right")
+    grouped: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        grouped.setdefault((row["op"], row["bytes"]), []).append(row)
+    previous_op = None
+    for (op, nbytes), group in grouped.items():
+        if previous_op is not None and op != previous_op:
+            table.add_section()
+        times = [row["time_us"] for row in group]
+        table.add_row(op if op != previous_op else "", format_bytes(nbytes), f"{median(times):,.1f}",
+                      f"{min(times):,.1f}–{max(times):,.1f}", f"{median(row['algbw_gbps'] for row in group):.3f}",
+                      f"{median(row['busbw_gbps'] for row in group):.3f}")
+        previous_op = op
+    console.print(table)
+    console.print(f"stored run {run_id} in {store_path} ({len(rows)} rows); `rlperf report {store_path}` renders it")
