@@ -11,13 +11,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.config import FIELD_TYPES, ConfigError, coerce, from_dict
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
+
 from benches.store import canonical_json
+from reference_trainer.config import FIELD_TYPES, ConfigError, coerce, from_dict
 from rlperf.errors import BadInput
 
 SUITES_DIR = Path(__file__).parent / "suites"
