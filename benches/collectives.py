@@ -55,6 +55,9 @@ SUITE = "collectives"
 LAUNCH_DIR_ENV = "RLPERF_COLLECTIVES_DIR"
 RESULT_FILE = "result.json"
 POLL_SECONDS = 0.1
+# Starting a rank (importing torch, joining the group) is not a collective, and eight ranks importing torch
+# at once on a busy host can take tens of seconds: until every rank has joined, this is the least allowed.
+STARTUP_SECONDS = 60.0
 # Heartbeat stages before the first op; op i is stage FIRST_OP_STAGE + i.
 STARTING, JOINING, AGREEING, FIRST_OP_STAGE = 0, 1, 2, 3
 
@@ -156,8 +159,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
                         help=f"untimed iterations before them (default {DEFAULT_WARMUP})")
     parser.add_argument("--rank-timeout", type=positive_float, default=DEFAULT_RANK_TIMEOUT, metavar="S",
-                        help="fail when no rank enters a new collective for this long "
-                             f"(default {DEFAULT_RANK_TIMEOUT:g}); it must exceed the slowest single collective")
+                        help="fail when no rank enters a new collective for this long (default "
+                             f"{DEFAULT_RANK_TIMEOUT:g}; at least {STARTUP_SECONDS:g} while ranks start); it must "
+                             "exceed the slowest single collective")
     parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
                         help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
     parser.add_argument("--label", help="a note stored with the run")
@@ -270,11 +274,13 @@ def watch(ranks: list[subprocess.Popen], workdir: Path, timeout: float,
         beats = [Heartbeat.read(workdir, rank) for rank in range(len(ranks))]
         counts = [count for count, _, _ in beats]
         now = time.monotonic()
+        starting = any(stage <= JOINING for _, stage, _ in beats)
+        limit = max(timeout, STARTUP_SECONDS) if starting else timeout
         if counts != last_counts:
             last_counts, last_change = counts, now
             on_progress(*beats[0][1:])
-        elif now - last_change > timeout:
-            raise RankFailed(stall_text(beats, codes, timeout))
+        elif now - last_change > limit:
+            raise RankFailed(stall_text(beats, codes, limit))
         time.sleep(POLL_SECONDS)
 
 
@@ -289,7 +295,7 @@ def exit_text(rank: int, code: int, workdir: Path) -> str:
     return f"rank {rank} exited with code {code} ({lines[-1].strip() if lines else 'no message'})"
 
 
-def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], timeout: float) -> str:
+def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], limit: float) -> str:
     """Ranks that entered fewer collectives than the others are the ones holding the job up; when all
     entered the same number, every rank is stuck inside the same collective."""
     running = [rank for rank, code in enumerate(codes) if code is None]
@@ -299,9 +305,9 @@ def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], timeo
     names = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
     if len(behind) < len(running):
         others = max(running, key=lambda rank: beats[rank][0])
-        return (f"{names} made no progress for {timeout:g} s (rank_timeout) at {where}; the other ranks wait in "
+        return (f"{names} made no progress for {limit:g} s (rank_timeout) at {where}; the other ranks wait in "
                 f"{describe_stage(*beats[others][1:])}")
-    return f"{names} made no progress for {timeout:g} s (rank_timeout), all inside {where}"
+    return f"{names} made no progress for {limit:g} s (rank_timeout), all inside {where}"
 
 
 class Heartbeat:
@@ -344,7 +350,8 @@ def run_launched_rank(args: argparse.Namespace) -> int:
     settings = Settings(args.world_size, args.backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                         args.rank_timeout)
     # The launcher's watchdog decides first; the process group's own timeout is the backstop.
-    result = measure(settings, Heartbeat(workdir / f"rank{rank}.beat"), timedelta(seconds=2 * args.rank_timeout))
+    backstop = timedelta(seconds=2 * max(args.rank_timeout, STARTUP_SECONDS))
+    result = measure(settings, Heartbeat(workdir / f"rank{rank}.beat"), backstop)
     if result is not None:
         partial = workdir / f"{RESULT_FILE}.partial"
         partial.write_text(json.dumps(result))
