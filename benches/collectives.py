@@ -104,11 +104,12 @@ BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 def byte_count(text: str) -> int:
     """`1024`, `64K`, `16MiB`, `1G` (binary units) as a number of bytes."""
-    found = re.fullmatch(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", text, flags=re.IGNORECASE)
-    if not found or int(found[1]) * BYTE_UNITS[found[2].lower()] < ELEMENT_BYTES:
+    found = re.fullmatch(r"\s*(\d+)\s*(?:([kmg])i?)?b?\s*", text, flags=re.IGNORECASE)
+    nbytes = int(found[1]) * BYTE_UNITS[(found[2] or "").lower()] if found else 0
+    if nbytes < ELEMENT_BYTES:
         raise argparse.ArgumentTypeError(
             f"must be a byte count of at least {ELEMENT_BYTES} (one float32), like 1024, 64K, 16M or 1G (got {text!r})")
-    return int(found[1]) * BYTE_UNITS[found[2].lower()]
+    return nbytes
 
 
 def format_bytes(nbytes: float) -> str:
@@ -412,12 +413,12 @@ def measure(settings: Settings, beat: Heartbeat, timeout: timedelta) -> dict | N
         beat.enter(AGREEING)
         cap = torch.tensor([memory_cap(device, local_ranks)], dtype=torch.int64, device=device)
         dist.all_reduce(cap, op=dist.ReduceOp.MIN)
-        requested = settings.max_bytes or DEFAULT_MAX_BYTES[settings.backend]
+        requested = settings.max_bytes or max(DEFAULT_MAX_BYTES[settings.backend], settings.min_bytes)
         max_bytes = min(requested, int(cap.item()))
         if max_bytes < settings.min_bytes:
             raise RuntimeError(f"max_bytes: free memory allows messages up to {format_bytes(max_bytes)}, "
                                f"below --min-bytes {format_bytes(settings.min_bytes)}")
-        clock = EventClock(torch) if on_gpu else WallClock()
+        clock = EventClock() if on_gpu else WallClock()
         rows = []
         for stage, op in enumerate(OPS, start=FIRST_OP_STAGE):
             for count in element_counts(op, settings.min_bytes, max_bytes, settings.world_size):
@@ -463,16 +464,18 @@ class EventClock:
     """CUDA events on the current stream, which waits for NCCL's stream after each collective; read
     after a device synchronize."""
 
-    def __init__(self, torch_module):
-        self.torch = torch_module
+    def __init__(self):
+        import torch
+
+        self.cuda = torch.cuda
 
     def mark(self):
-        event = self.torch.cuda.Event(enable_timing=True)
+        event = self.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def seconds(self, starts: list, ends: list) -> list[float]:
-        self.torch.cuda.synchronize()
+        self.cuda.synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
 
