@@ -6,6 +6,7 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 from pathlib import Path
@@ -63,6 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", help="a note stored with the run (e.g. the change being measured)")
     parser.add_argument("--export", metavar="PATH", type=Path,
                         help="also write the run's samples as a flat table: .csv, .parquet or .json")
+    parser.add_argument("--baseline", metavar="RESULTS", default=os.environ.get("RLPERF_BASELINE") or None,
+                        help="compare the report with this store (PATH or PATH::RUN_ID); exit 1 on a regression "
+                             "(default: $RLPERF_BASELINE, else no comparison)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export)
+                           export=args.export, baseline=args.baseline)
     # SIGTERM (a CI job cancelled, a `kill`) ends the sweep like Ctrl-C: the run is marked interrupted.
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:

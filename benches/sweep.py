@@ -21,7 +21,7 @@ from benches.cli import STORE_FILE
 from benches.fingerprint import collect, machine_key
 from benches.probe import Machine, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from benches.store import PointRecord, Store, check_export_path, utc_now
+from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
 from reference_trainer.config import PHASES
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
@@ -39,6 +39,7 @@ class SweepOptions:
     sample_hz: float | None = None
     label: str | None = None
     export: Path | None = None
+    baseline: str | None = None
 
 
 class Sweep:
@@ -60,6 +61,12 @@ class Sweep:
             suite = suites.load(opts.suite, overrides)
         if opts.export is not None:
             check_export_path(opts.export)
+        if opts.baseline:
+            # A bad baseline stops here, before any point runs; pinning its run keeps a bare PATH from
+            # meaning this very run once it becomes the store's latest.
+            baseline_store, baseline_run = open_results(opts.baseline)
+            baseline_store.close()
+            opts.baseline = f"{opts.baseline.partition('::')[0]}::{baseline_run}"
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
 
@@ -183,15 +190,13 @@ class Sweep:
         return int(table_data["status"].isin(["failed", "timeout"]).sum())
 
     def render_report(self, store_path: Path, run_id: str, out_dir: Path) -> int:
-        try:
-            from reports.render import render_run
-        except ImportError as exc:
-            if exc.name not in ("reports", "reports.render"):
-                raise
-            self.console.print(f"report: not rendered (reports.render.render_run is not available: {exc})")
-            return 0
-        status = render_run(str(store_path), run_id, str(out_dir))
-        self.console.print(f"report: {out_dir}")
+        """Renders the run's report, with verdicts against the baseline when one is configured."""
+        from reports.render import render_run
+
+        status = render_run(str(store_path), run_id, str(out_dir), baseline=self.options.baseline)
+        against = f" (against {self.options.baseline})" if self.options.baseline else ""
+        verdict = "regressions found" if status else "no regression" if self.options.baseline else ""
+        self.console.print(f"report: {out_dir}{against}" + (f": {verdict}" if verdict else ""))
         return status
 
 
