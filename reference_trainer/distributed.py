@@ -50,8 +50,8 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     if cfg.is_cuda:
         torch.cuda.set_device(local_rank)
     elif not cfg.threads:
-        # N ranks each taking every core oversubscribe the CPU; give each its share.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        # Ranks on one machine each taking every core oversubscribe the CPU; give each its share.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     dist.init_process_group("nccl" if cfg.is_cuda else "gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.rank_timeout))
     heartbeat = Path(os.environ[HEARTBEAT_DIR]) / f"rank{rank}" if HEARTBEAT_DIR in os.environ else None
@@ -87,7 +87,8 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="rlperf-ranks-") as tmp:
         summary_path = Path(tmp) / "summary.json"
-        env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "MASTER_ADDR": "127.0.0.1",
+        env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
+               "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(free_port()), HEARTBEAT_DIR: tmp}
         ranks = []
         for rank in range(cfg.world_size):
