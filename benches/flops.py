@@ -44,10 +44,12 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--minibatch-size", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--compile", action="store_true", help="train with torch.compile (compile time excluded)")
     args = parser.parse_args()
     cfg = validate(TrainConfig(env="synthetic", num_envs=args.num_envs, horizon=args.horizon,
                                hidden_size=args.hidden_size, minibatch_size=args.minibatch_size, update_epochs=1,
-                               total_steps=args.num_envs * args.horizon * args.epochs, warmup_epochs=1))
+                               total_steps=args.num_envs * args.horizon * args.epochs, warmup_epochs=1,
+                               compile=args.compile))
     T, S, H = cfg.horizon, cfg.minibatch_size // cfg.horizon, cfg.hidden_size
     policy = Policy(cfg.obs_size, cfg.num_actions, H, use_lstm=True, fused_cell=True)
     params = sum(p.numel() for p in policy.parameters())
@@ -76,7 +78,7 @@ def main() -> None:
     model_total = (2 * forward_flops + learn_flops) * minibatches / summary["steady_seconds"]
     reference = matmul_flops_per_second(cfg.minibatch_size, 2 * H, 4 * H)
     print(f"policy: {params:,} parameters, LSTM {H}, horizon {T}, {cfg.num_envs} envs, minibatch {cfg.minibatch_size}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads{', compiled' if cfg.compile else ''}")
     print(f"steady SPS {summary['sps']:,.0f}; matmul [{cfg.minibatch_size}x{2 * H}]x[{2 * H}x{4 * H}] "
           f"fp32 {reference / 1e9:.1f} GFLOP/s")
     for phase, rate in rates.items():
