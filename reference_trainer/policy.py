@@ -72,8 +72,9 @@ class Policy(nn.Module):
         if self.use_lstm:
             keep = (1.0 - starts).unsqueeze(-1)
             hidden = []
-            for t in range(obs.shape[0]):
-                h, c = self.recur(x[t], h * keep[t], c * keep[t])
+            # unbind, not x[t]: each indexing's backward would write a zero-filled copy of all of x
+            for x_t, keep_t in zip(x.unbind(0), keep.unbind(0)):
+                h, c = self.recur(x_t, h * keep_t, c * keep_t)
                 hidden.append(h)
             x = torch.stack(hidden)
         else:
