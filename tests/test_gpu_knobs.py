@@ -27,10 +27,12 @@ def test_async_copies_deliver_exactly_what_blocking_copies_do():
     # The synthetic env's observations and rewards depend on the step and on the actions taken: an
     # observation read before its copy landed, or an action read before it reached the host, changes
     # the data and so every loss after it.
-    blocking = train(cuda_cfg())
+    # Tolerances allow for reduction order only; a stale read changes losses by far more.
+    blocking = per_epoch_losses(train(cuda_cfg()))
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),
                   dict(pinned=True, non_blocking=True, copy_stream=True)):
-        assert per_epoch_losses(train(cuda_cfg(**knobs))) == per_epoch_losses(blocking), knobs
+        for got, expected in zip(per_epoch_losses(train(cuda_cfg(**knobs))), blocking):
+            assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), knobs
 
 
 def test_graph_replays_draw_fresh_random_numbers():
@@ -59,7 +61,8 @@ def test_cuda_graphs_train_like_eager_and_keep_entropy():
     full_entropy = math.log(TrainConfig().num_actions)
     assert graphed["losses"]["entropy"] > 0.5 * full_entropy
     # same data and same arithmetic until the first captured epoch; close afterwards
-    assert per_epoch_losses(graphed)[:2] == per_epoch_losses(eager)[:2]
+    for got, expected in zip(per_epoch_losses(graphed)[:2], per_epoch_losses(eager)[:2]):
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-6)
     for a, b in zip(per_epoch_losses(graphed)[2:], per_epoch_losses(eager)[2:]):
         assert a["entropy"] == pytest.approx(b["entropy"], rel=0.05, abs=0.02)
     assert graphed["compile_seconds"] > 0
