@@ -16,32 +16,14 @@ from typing import Any
 
 from benches.store import PointRecord, utc_now
 from benches.suite import Point
-from reference_trainer.config import TrainConfig
+from reference_trainer.cli import to_args
 
-DEFAULTS = TrainConfig().to_dict()
 REASON_LINES = 8
 REASON_CHARS = 2000
 
 
-def train_flags(config: dict[str, Any]) -> list[str]:
-    """Command-line flags for every setting that differs from the trainer's default."""
-    flags = []
-    for name, value in config.items():
-        if value == DEFAULTS[name]:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
-        elif isinstance(value, dict):
-            for phase, ms in value.items():
-                flags += [flag, f"{phase}={ms}"]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "rlperf", "train", *train_flags(config), "--json", str(summary_path)]
+    return [python, "-m", "rlperf", "train", *to_args(config), "--json", str(summary_path)]
 
 
 def last_lines(log_path: Path) -> str:
@@ -70,13 +52,8 @@ class UtilizationProbe:
         if sample_hz <= 0:
             self.unavailable = "sampling turned off (sample_hz = 0)"
             return
-        try:
-            from profilers.sampler import UtilizationSampler
-        except ModuleNotFoundError as exc:
-            if exc.name not in ("profilers", "profilers.sampler"):
-                raise
-            self.unavailable = "profilers.sampler is not available in this checkout"
-            return
+        from profilers.sampler import UtilizationSampler
+
         self.sampler_class = UtilizationSampler
 
     def start(self, gpu_uuids: list[str]):

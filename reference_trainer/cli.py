@@ -66,9 +66,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def to_args(values: dict) -> list[str]:
-    """The `rlperf train` flags that reproduce these TrainConfig values."""
+    """The `rlperf train` flags that reproduce these TrainConfig values (defaults are left out)."""
+    defaults = TrainConfig().to_dict()
     args = []
     for name, value in values.items():
+        if value == defaults[name]:
+            continue
         flag = "--" + name.replace("_", "-")
         if name == "inject_delay":
             args += [arg for phase, ms in value.items() for arg in (flag, f"{phase}={ms}")]

@@ -10,7 +10,6 @@ import pytest
 
 from benches import suite as suites
 from benches.probe import Machine
-from benches.runner import train_flags
 from benches.store import Store
 from reference_trainer.config import TrainConfig
 from rlperf.errors import BadInput
@@ -151,10 +150,3 @@ def test_points_that_need_missing_gpus_get_a_reason():
     assert one_gpu.skip_reason({**base, "device": "cuda", "world_size": 2}) == (
         "device=cuda with world_size=2 needs 2 GPUs; 1 visible")
     assert one_gpu.resolve_device("auto") == "cuda" and cpu_only.resolve_device("auto") == "cpu"
-
-
-def test_train_flags_name_only_settings_that_differ_from_the_defaults():
-    config = {**TrainConfig().to_dict(), "num_envs": 8, "lstm": False, "pinned": True, "learning_rate": 0.001,
-              "inject_delay": {"learn": 5.0, "env": 1.5}}
-    assert train_flags(config) == ["--num-envs", "8", "--no-lstm", "--learning-rate", "0.001", "--pinned",
-                                   "--inject-delay", "learn=5.0", "--inject-delay", "env=1.5"]

@@ -186,6 +186,21 @@ def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_flags_name_only_changed_settings_and_round_trip_through_the_parser():
+    import argparse
+
+    from reference_trainer.cli import config_from_args, configure, to_args
+
+    config = {**TrainConfig().to_dict(), "num_envs": 32, "lstm": False, "learning_rate": 0.001,
+              "inject_delay": {"learn": 5.0, "env": 1.5}}
+    flags = to_args(config)
+    assert flags == ["--num-envs", "32", "--no-lstm", "--learning-rate", "0.001",
+                     "--inject-delay", "learn=5.0", "--inject-delay", "env=1.5"]
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    assert config_from_args(parser.parse_args(flags)).to_dict() == config
+
+
 def test_cli_writes_the_summary(tmp_path):
     out = tmp_path / "run.json"
     proc = subprocess.run(
