@@ -49,9 +49,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.world_size > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's ranks must agree
-        from reference_trainer.distributed import launch_or_join
+        from reference_trainer.distributed import RankFailed, launch_or_join
 
-        summary = launch_or_join(cfg, args.quiet, args.save_policy)
+        try:
+            summary = launch_or_join(cfg, args.quiet, args.save_policy)
+        except RankFailed as failure:  # the run failed, not its input: exit 1
+            sys.stderr.write(f"rlperf train: error: {failure}\n")
+            return 1
         if summary is None:  # a non-zero rank: rank 0 reports
             return 0
     else:
@@ -82,13 +86,13 @@ def to_args(values: dict) -> list[str]:
     return args
 
 
-def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None, save_policy: str = "") -> dict:
+def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, save_policy: str = "") -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from reference_trainer.train import train
 
     if quiet:
-        return train(cfg, rank, heartbeat and (lambda record: heartbeat()), save_policy)
+        return train(cfg, rank, save_policy=save_policy)
     columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
     with Progress(*columns, transient=True, console=_stderr_console()) as progress:
@@ -98,8 +102,6 @@ def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, heartbeat=None, 
             ret = record["mean_episode_return"]
             progress.update(task, advance=1, sps=f"{record['steps'] / record['seconds']:,.0f}",
                             ret="-" if ret is None else f"{ret:.3f}")
-            if heartbeat is not None:
-                heartbeat()
 
         return train(cfg, rank, on_epoch, save_policy)
 

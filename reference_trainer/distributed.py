@@ -9,8 +9,10 @@ fails the whole run with that rank named, and the other ranks are stopped.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,10 +25,35 @@ from rlperf.errors import BadInput
 
 HEARTBEAT_DIR = "RLPERF_HEARTBEAT_DIR"
 POLL_SECONDS = 0.2
+STARTUP_GRACE_SECONDS = 60.0  # importing torch and meeting the other ranks, before the first beat
 
 
-class RankFailed(BadInput):
+class RankFailed(RuntimeError):
     """A rank died or hung; the message names it."""
+
+
+class Heartbeat:
+    """The time of a rank's last progress, in a small shared file the launcher reads.
+
+    Written at every rollout step and minibatch, so it must cost next to nothing: one store into a
+    memory map, no system call."""
+
+    FORMAT = "d"
+
+    def __init__(self, path: Path):
+        path.write_bytes(struct.pack(self.FORMAT, time.time()))
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), struct.calcsize(self.FORMAT))
+
+    def beat(self) -> None:
+        struct.pack_into(self.FORMAT, self._map, 0, time.time())
+
+    @classmethod
+    def read(cls, path: Path) -> float | None:
+        try:
+            return struct.unpack(cls.FORMAT, path.read_bytes())[0]
+        except (OSError, struct.error):
+            return None
 
 
 def launch_or_join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
@@ -52,17 +79,18 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     elif not cfg.threads:
         # Ranks on one machine each taking every core oversubscribe the CPU; give each its share.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    # Collectives wait twice as long as the launcher's watchdog, so a silent rank is named by the watchdog
+    # before its peers give up waiting in a collective and exit with errors of their own.
     dist.init_process_group("nccl" if cfg.is_cuda else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg.rank_timeout))
-    heartbeat = Path(os.environ[HEARTBEAT_DIR]) / f"rank{rank}" if HEARTBEAT_DIR in os.environ else None
+                            timeout=timedelta(seconds=2 * cfg.rank_timeout))
+    me = Rank(rank, world)
+    if HEARTBEAT_DIR in os.environ:
+        me.beat = Heartbeat(Path(os.environ[HEARTBEAT_DIR]) / f"rank{rank}.beat").beat
     try:
-        if heartbeat is not None:
-            heartbeat.touch()
         rank_cfg = cfg
         if cfg.is_cuda:
             rank_cfg = TrainConfig(**{**cfg.to_dict(), "device": f"cuda:{local_rank}"})
-        summary = run_with_progress(rank_cfg, quiet or rank != 0, Rank(rank, world),
-                                    heartbeat.touch if heartbeat is not None else None, save_policy)
+        summary = run_with_progress(rank_cfg, quiet or rank != 0, me, save_policy)
         mine = {"rank": rank, "sps": summary["sps"], "phases": summary["phases"],
                 "device_name": summary["device_name"]}
         everyone: list[dict | None] = [None] * world
@@ -111,9 +139,10 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
 def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) -> None:
     """Waits for every rank; raises RankFailed naming the rank that failed first or went silent.
 
-    When one rank dies its peers fail too, in their next collective; the rank to blame is the one seen
-    failing first, and among those seen in the same poll, one killed by a signal before one that exited."""
-    started = time.monotonic()
+    When one rank dies or hangs its peers stop too, in their next collective. Among ranks that exited
+    badly in the same poll, one killed by a signal is blamed before one that exited with an error; among
+    silent ranks, the one silent longest (its peers kept working until they had to wait for it)."""
+    started = time.time()
     while True:
         codes = [proc.poll() for proc in ranks]
         failed = sorted((code > 0, rank, code) for rank, code in enumerate(codes) if code not in (None, 0))
@@ -121,13 +150,17 @@ def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) ->
             _, rank, code = failed[0]
             log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
             last_line = log.strip().splitlines()[-1:] or ["no message"]
-            raise RankFailed(f"world_size: rank {rank} exited with code {code} ({last_line[0]})")
+            raise RankFailed(f"rank {rank} exited with code {code} ({last_line[0]})")
         if all(code == 0 for code in codes):
             return
         now = time.time()
+        silent = []
         for rank, code in enumerate(codes):
-            beat = heartbeat_dir / f"rank{rank}"
-            last = beat.stat().st_mtime if beat.exists() else now - (time.monotonic() - started)
-            if code is None and now - last > timeout:
-                raise RankFailed(f"world_size: rank {rank} made no progress for {timeout:g} s (rank_timeout)")
+            beat = Heartbeat.read(heartbeat_dir / f"rank{rank}.beat")
+            allowed = timeout if beat is not None else max(timeout, STARTUP_GRACE_SECONDS)
+            if code is None and now - (beat or started) > allowed:
+                silent.append((beat or started, rank))
+        silent.sort()
+        if silent:
+            raise RankFailed(f"rank {silent[0][1]} made no progress for {timeout:g} s (rank_timeout)")
         time.sleep(POLL_SECONDS)

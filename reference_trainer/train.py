@@ -31,12 +31,18 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
 
 
+def no_progress_report() -> None:
+    pass
+
+
 @dataclass
 class Rank:
-    """Where this process sits among the ranks: its share of the environments and its collectives."""
+    """Where this process sits among the ranks: its share of the environments, its collectives, and
+    `beat`, called as work progresses so a launcher can tell a hung rank from a waiting one."""
 
     rank: int = 0
     world_size: int = 1
+    beat: Callable[[], None] = no_progress_report
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
@@ -278,6 +284,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         h0.copy_(h)
         c0.copy_(c)
         for t in range(T):
+            rank.beat()
             timer.enter("eval_forward")
             step_obs.copy_(obs_buf[t])
             step_start.copy_(starts_buf[t])
@@ -335,6 +342,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         for _ in range(cfg.update_epochs):
             order = torch.randperm(n, device=device)
             for start in range(0, n, S):
+                rank.beat()
                 timer.enter("train_misc")
                 idx = order[start:start + S]
                 for name, source in (("obs", obs_buf[:T]), ("starts", starts_buf[:T]), ("actions", actions_buf),

@@ -1,5 +1,6 @@
 """Two gloo ranks on CPU: training runs, one update matches one rank, a dead rank fails the run in time."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -40,31 +41,51 @@ def test_two_ranks_with_half_the_envs_each_match_one_rank_after_one_update(tmp_p
     assert initial_differs
 
 
-def test_a_killed_rank_fails_the_run_in_time_and_is_named():
+def start_long_run(*extra: str) -> tuple[subprocess.Popen, psutil.Process]:
+    """A two-rank run far longer than the test, and its rank 1 process once it is training."""
     launcher = subprocess.Popen(
         [*TRAIN, "--env", "synthetic", "--num-envs", "16", "--horizon", "8", "--minibatch-size", "64",
-         "--total-steps", "10000000", "--world-size", "2"],
+         "--total-steps", "10000000", "--world-size", "2", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children():
+            try:
+                if child.environ().get("RANK") == "1":
+                    time.sleep(3)  # let the ranks get into training
+                    return launcher, child
+            except psutil.Error:
+                pass
+        time.sleep(0.2)
+    launcher.kill()
+    raise AssertionError("rank 1 never started")
+
+
+def test_a_killed_rank_fails_the_run_in_time_and_is_named():
+    launcher, victim = start_long_run()
     try:
-        deadline = time.monotonic() + 60
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            for child in psutil.Process(launcher.pid).children():
-                try:
-                    if child.environ().get("RANK") == "1":
-                        victim = child
-                except psutil.Error:
-                    pass
-            time.sleep(0.2)
-        assert victim is not None, "rank 1 never started"
-        time.sleep(3)  # let the ranks get into training
         victim.kill()
         killed_at = time.monotonic()
         _, stderr = launcher.communicate(timeout=60)
         assert time.monotonic() - killed_at < 30
     finally:
         launcher.kill()
-    assert launcher.returncode == 2
-    assert "rank 1 exited with code -9" in stderr
+    assert launcher.returncode == 1
+    assert "rlperf train: error: rank 1 exited with code -9" in stderr
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_a_silent_rank_fails_the_run_after_rank_timeout_and_is_named():
+    launcher, victim = start_long_run("--rank-timeout", "3")
+    try:
+        victim.suspend()
+        stopped_at = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+        assert 3 <= time.monotonic() - stopped_at < 20
+    finally:
+        launcher.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()
+    assert launcher.returncode == 1
+    assert "rank 1 made no progress for 3 s" in stderr
