@@ -8,6 +8,7 @@ fails the whole run with that rank named, and the other ranks are stopped.
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import os
@@ -33,25 +34,26 @@ class RankFailed(RuntimeError):
 
 
 class Heartbeat:
-    """The time of a rank's last progress, in a small shared file the launcher reads.
+    """How far a rank has got (a count of beats) and when it last moved, in a small shared file the
+    launcher reads. Beats come at every rollout step, every minibatch and before every collective, so
+    one costs next to nothing: a store into a memory map, no system call."""
 
-    Written at every rollout step and minibatch, so it must cost next to nothing: one store into a
-    memory map, no system call."""
-
-    FORMAT = "d"
+    FORMAT = "qd"
 
     def __init__(self, path: Path):
-        path.write_bytes(struct.pack(self.FORMAT, time.time()))
+        self.count = 0
+        path.write_bytes(struct.pack(self.FORMAT, 0, time.time()))
         with open(path, "r+b") as file:
             self._map = mmap.mmap(file.fileno(), struct.calcsize(self.FORMAT))
 
     def beat(self) -> None:
-        struct.pack_into(self.FORMAT, self._map, 0, time.time())
+        self.count += 1
+        struct.pack_into(self.FORMAT, self._map, 0, self.count, time.time())
 
     @classmethod
-    def read(cls, path: Path) -> float | None:
+    def read(cls, path: Path) -> tuple[int, float] | None:
         try:
-            return struct.unpack(cls.FORMAT, path.read_bytes())[0]
+            return struct.unpack(cls.FORMAT, path.read_bytes())
         except (OSError, struct.error):
             return None
 
@@ -96,6 +98,9 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
         everyone: list[dict | None] = [None] * world
         dist.all_gather_object(everyone, mine)
     finally:
+        # The training closures form reference cycles that keep the DDP wrapper alive; left to the
+        # interpreter's exit, its reducer would be torn down after the process group and abort.
+        gc.collect()
         dist.destroy_process_group()
     if rank != 0:
         return None
@@ -136,12 +141,34 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
         return json.loads(summary_path.read_text())
 
 
+def describe_behind(ranks: list[subprocess.Popen], progress: dict[int, tuple[int, float] | None],
+                    codes: list[int | None]) -> str:
+    """The rank(s) that got least far. Ranks with equal progress may all sit in one collective, the
+    stuck one indistinguishable from those waiting for it, unless the operating system says it is stopped."""
+    counts = {rank: beat[0] if beat else -1 for rank, beat in progress.items() if codes[rank] is None}
+    lowest = min(counts.values())
+    behind = [rank for rank, count in counts.items() if count == lowest]
+    stopped = [rank for rank in behind if psutil_status(ranks[rank].pid) == "stopped"]
+    behind = stopped or behind
+    return f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+
+
+def psutil_status(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return None
+
+
 def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) -> None:
     """Waits for every rank; raises RankFailed naming the rank that failed first or went silent.
 
     When one rank dies or hangs its peers stop too, in their next collective. Among ranks that exited
-    badly in the same poll, one killed by a signal is blamed before one that exited with an error; among
-    silent ranks, the one silent longest (its peers kept working until they had to wait for it)."""
+    badly in the same poll, one killed by a signal is blamed before one that exited with an error. When
+    ranks go silent, the one that got least far is blamed: its peers went on into a collective (a beat)
+    and wait there for it."""
     started = time.time()
     while True:
         codes = [proc.poll() for proc in ranks]
@@ -154,13 +181,12 @@ def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) ->
         if all(code == 0 for code in codes):
             return
         now = time.time()
-        silent = []
-        for rank, code in enumerate(codes):
-            beat = Heartbeat.read(heartbeat_dir / f"rank{rank}.beat")
-            allowed = timeout if beat is not None else max(timeout, STARTUP_GRACE_SECONDS)
-            if code is None and now - (beat or started) > allowed:
-                silent.append((beat or started, rank))
-        silent.sort()
-        if silent:
-            raise RankFailed(f"rank {silent[0][1]} made no progress for {timeout:g} s (rank_timeout)")
+        progress = {rank: Heartbeat.read(heartbeat_dir / f"rank{rank}.beat") for rank in range(len(ranks))}
+        stalled = any(
+            code is None and (now - beat[1] > timeout if beat else now - started > max(timeout, STARTUP_GRACE_SECONDS))
+            for code, beat in zip(codes, progress.values())
+        )
+        if stalled:
+            raise RankFailed(f"{describe_behind(ranks, progress, codes)} made no progress for {timeout:g} s "
+                             "(rank_timeout)")
         time.sleep(POLL_SECONDS)
