@@ -23,7 +23,6 @@ import mmap
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any, Callable
 
 from benches.cli import DEFAULT_OUT, STORE_FILE, positive_float, positive_int
 from rlperf.errors import BadInput
+from rlperf.ports import free_local_port
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 BACKENDS = ("gloo", "nccl")
@@ -214,18 +214,12 @@ def run_launcher(args: argparse.Namespace) -> int:
     return 0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(settings: Settings, console) -> dict:
     """Starts the rank processes, watches them, and returns rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="rlperf-collectives-") as tmp:
         workdir = Path(tmp)
         env = {**os.environ, "WORLD_SIZE": str(settings.world_size), "LOCAL_WORLD_SIZE": str(settings.world_size),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), LAUNCH_DIR_ENV: tmp}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()), LAUNCH_DIR_ENV: tmp}
         ranks = []
         try:
             for rank in range(settings.world_size):

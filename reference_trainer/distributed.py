@@ -12,7 +12,6 @@ import gc
 import json
 import mmap
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from reference_trainer.config import TrainConfig
 from rlperf.errors import BadInput
+from rlperf.ports import free_local_port
 
 HEARTBEAT_DIR = "RLPERF_HEARTBEAT_DIR"
 POLL_SECONDS = 0.2
@@ -108,12 +108,6 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     return summary
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(cfg: TrainConfig, save_policy: str) -> dict:
     """Starts one process per rank on this machine and returns rank 0's summary."""
     from reference_trainer.cli import to_args
@@ -122,7 +116,7 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
         summary_path = Path(tmp) / "summary.json"
         env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
                "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port()), HEARTBEAT_DIR: tmp}
+               "MASTER_PORT": str(free_local_port()), HEARTBEAT_DIR: tmp}
         ranks = []
         for rank in range(cfg.world_size):
             args = [sys.executable, "-m", "rlperf", "train", *to_args(cfg.to_dict()), "--quiet"]
