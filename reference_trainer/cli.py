@@ -17,6 +17,7 @@ FLAG_HELP = {
     "minibatch_size": "agent steps per minibatch, a multiple of horizon",
     "lstm": "use the LSTM core (--no-lstm: an MLP-only policy)",
     "dtype": "fp32, bf16 or fp16 (autocast around forward and loss)",
+    "env_groups": "step the envs in this many groups, overlapping one group's env step with another's forward on a GPU",
     "inject_delay": "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch (repeatable)",
     "trace_dir": "write a torch.profiler Chrome trace of steady epochs here",
     "timers": "per-phase timers (--no-timers to measure their cost)",

@@ -58,6 +58,9 @@ class TrainConfig:
     non_blocking: bool = False
     cuda_graphs: bool = False
     copy_stream: bool = False
+    # the rollout steps the environments in this many groups, so the host can step one group while the
+    # device computes another's actions (an overlap only a GPU gives; results do not depend on it)
+    env_groups: int = 1
     compile: bool = False
     world_size: int = 1
     rank_timeout: float = 300.0
@@ -161,7 +164,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.env not in BUILTIN_ENVS and not re.fullmatch(r"gym:\S+", cfg.env):
         raise ConfigError("env", f"unknown environment {cfg.env!r} (allowed: {', '.join(BUILTIN_ENVS)}, gym:<id>)")
     _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
-              "learning_rate", "world_size", "trace_epochs")
+              "learning_rate", "world_size", "env_groups", "trace_epochs")
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
                   "threads", "warmup_epochs", "env_cost_us")
     _positive(cfg, "rank_timeout")
@@ -171,6 +174,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     if cfg.num_envs % cfg.world_size:
         raise ConfigError("num_envs", f"must divide evenly among world_size={cfg.world_size} ranks (got {cfg.num_envs})")
+    if cfg.envs_per_rank % cfg.env_groups:
+        raise ConfigError("env_groups", f"must divide each rank's {cfg.envs_per_rank} envs evenly (got {cfg.env_groups})")
     unit = cfg.horizon * cfg.world_size
     if cfg.minibatch_size % unit or cfg.batch_size % cfg.minibatch_size:
         raise ConfigError(

@@ -1,7 +1,8 @@
 """PPO with an LSTM policy, timed phase by phase.
 
-Each epoch: a rollout of `horizon` steps over this rank's environments (env, eval_copy, eval_forward,
-eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
+Each epoch: a rollout of `horizon` steps over this rank's environments, stepped in `env_groups` groups in
+turn so the host can step one group while the device computes another's actions (env, eval_copy,
+eval_forward, eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
 train_forward, learn), then one read of the epoch's statistics (log).
 
 Built for capture from the first line: every tensor the loops touch is preallocated with a fixed shape,
@@ -125,10 +126,13 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
     # --- environments and policy -------------------------------------------------------------------
     n = cfg.envs_per_rank
-    env = make_env(cfg, n, env_offset=rank.rank * n)
+    group_size = n // cfg.env_groups
+    groups = [slice(g * group_size, (g + 1) * group_size) for g in range(cfg.env_groups)]
+    envs = [make_env(cfg, group_size, env_offset=rank.rank * n + rows.start) for rows in groups]
+    obs_size, num_actions = envs[0].obs_size, envs[0].num_actions
     T, H = cfg.horizon, cfg.hidden_size
     fused_cell = device.type == "cuda" or autocast_dtype is None
-    policy = Policy(env.obs_size, env.num_actions, H, cfg.lstm, fused_cell).to(device)
+    policy = Policy(obs_size, num_actions, H, cfg.lstm, fused_cell).to(device)
     with autocast():
         dtype_used = policy.compute_dtype(device)
     expected = autocast_dtype or torch.float32
@@ -144,7 +148,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
 
     # --- experience, preallocated on the training device --------------------------------------------
-    obs_buf = torch.zeros(T + 1, n, env.obs_size, device=device)  # slot T holds the bootstrap observation
+    obs_buf = torch.zeros(T + 1, n, obs_size, device=device)  # slot T holds the bootstrap observation
     starts_buf = torch.zeros(T + 1, n, device=device)
     actions_buf = torch.zeros(T, n, dtype=torch.long, device=device)
     logprobs_buf = torch.zeros(T, n, device=device)
@@ -156,42 +160,47 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     stats = torch.zeros(len(STAT_NAMES), device=device)
 
     # The policy step reads and writes only these, so it can be replayed as a CUDA graph.
-    step_obs = torch.zeros(n, env.obs_size, device=device)
+    step_obs = torch.zeros(n, obs_size, device=device)
     step_start = torch.zeros(n, device=device)
     step_action = torch.zeros(n, dtype=torch.long, device=device)
     step_logprob = torch.zeros(n, device=device)
     step_value = torch.zeros(n, device=device)
+    step_noise = torch.zeros(n, num_actions, device=device)
 
     # Host side of the copies: pinned staging lets copies run asynchronously; two observation slots so
     # an observation is never overwritten while its copy may still be in flight.
     pin = cfg.pinned
-    host_obs = torch.zeros(2, n, env.obs_size, pin_memory=pin)
+    host_obs = torch.zeros(2, n, obs_size, pin_memory=pin)
     host_reward_done = torch.zeros(2, 2, n, pin_memory=pin)
     host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
     copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
-    slot_free = [torch.cuda.Event() for _ in range(2)] if cfg.is_cuda else None
+    slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
     obs_ready = torch.cuda.Event() if cfg.is_cuda else None
-    actions_ready = torch.cuda.Event() if cfg.is_cuda else None
+    actions_ready = [torch.cuda.Event() for _ in groups] if cfg.is_cuda else None
     nb = cfg.non_blocking
 
-    def policy_step() -> None:
+    def policy_step(group: int) -> None:
+        """One rollout step of one group of environments. The first group draws the step's noise for all,
+        so the actions do not depend on how the environments are grouped."""
+        rows = groups[group]
         with torch.no_grad():
+            if group == 0:
+                step_noise.copy_(torch.rand(rank.world_size, n, num_actions, device=device)[rank.rank])
             with autocast():
-                logits, value, h_new, c_new = policy.step(step_obs, h, c, step_start)
+                logits, value, h_new, c_new = policy.step(step_obs[rows], h[rows], c[rows], step_start[rows])
             logits = logits.float()
-            noise = torch.rand(rank.world_size, n, logits.shape[-1], device=device)[rank.rank]
-            action = sample_actions(logits, noise)
-            step_action.copy_(action)
-            step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
-            step_value.copy_(value.float())
+            action = sample_actions(logits, step_noise[rows])
+            step_action[rows].copy_(action)
+            step_logprob[rows].copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
+            step_value[rows].copy_(value.float())
             if cfg.lstm:
-                h.copy_(h_new)
-                c.copy_(c_new)
+                h[rows].copy_(h_new)
+                c[rows].copy_(c_new)
 
     # Minibatch tensors the update reads: gathered into place, then the update runs on them.
     S = cfg.minibatch_sequences_per_rank
     mb = {
-        "obs": torch.zeros(T, S, env.obs_size, device=device), "starts": torch.zeros(T, S, device=device),
+        "obs": torch.zeros(T, S, obs_size, device=device), "starts": torch.zeros(T, S, device=device),
         "h0": torch.zeros(S, H, device=device), "c0": torch.zeros(S, H, device=device),
         "actions": torch.zeros(T, S, dtype=torch.long, device=device), "logprobs": torch.zeros(T, S, device=device),
         "advantages": torch.zeros(T, S, device=device), "returns": torch.zeros(T, S, device=device),
@@ -232,11 +241,15 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
         return call
 
+    def group_step(group: int) -> Callable[[], None]:
+        return lambda: policy_step(group)
+
+    step_fns = [group_step(g) for g in range(len(groups))]
     if cfg.compile:
-        policy_step = timed_first_call(torch.compile(policy_step))
+        step_fns = [timed_first_call(torch.compile(fn)) for fn in step_fns]
         forward_loss = timed_first_call(torch.compile(forward_loss))
         backward_step = timed_first_call(backward_step)  # the compiled backward is built on its first use
-    step_fn, forward_fn, learn_fn = policy_step, forward_loss, backward_step
+    forward_fn, learn_fn = forward_loss, backward_step
 
     def capture_graphs() -> None:
         """Replaces the eager step and update with CUDA graphs, after eager warm-up epochs ran them.
@@ -244,22 +257,68 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         Capture records kernels without running them, so no state advances here. The update is two graphs
         (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
         pool because the backward graph reads what the forward graph saved."""
-        nonlocal step_fn, forward_fn, learn_fn
-        step_graph, forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(step_graph):
-            policy_step()
+        nonlocal step_fns, forward_fn, learn_fn
+        step_graphs = [torch.cuda.CUDAGraph() for _ in step_fns]
+        for graph, step_fn in zip(step_graphs, step_fns):
+            with torch.cuda.graph(graph):
+                step_fn()
+        forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(forward_graph):
-            forward_loss()
+            forward_fn()
         with torch.cuda.graph(learn_graph, pool=forward_graph.pool()):
-            backward_step()
-        step_fn, forward_fn, learn_fn = step_graph.replay, forward_graph.replay, learn_graph.replay
+            learn_fn()
+        step_fns = [graph.replay for graph in step_graphs]
+        forward_fn, learn_fn = forward_graph.replay, learn_graph.replay
 
     # --- the loop ------------------------------------------------------------------------------------
     timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
     profiler = None
     if cfg.trace_dir:
         profiler = start_profiler(cfg, device)
-    first_obs = env.reset()
+
+    def launch_step(group: int, t: int) -> None:
+        """Queues one group's policy step on observation t, and the copy of its actions to the host."""
+        rows = groups[group]
+        timer.enter("eval_forward")
+        step_obs[rows].copy_(obs_buf[t, rows])
+        step_start[rows].copy_(starts_buf[t, rows])
+        step_fns[group]()
+        timer.enter("eval_misc")
+        actions_buf[t, rows].copy_(step_action[rows])
+        logprobs_buf[t, rows].copy_(step_logprob[rows])
+        values_buf[t, rows].copy_(step_value[rows])
+        timer.enter("eval_copy")
+        host_actions[rows].copy_(step_action[rows], non_blocking=nb)
+        if nb:
+            actions_ready[group].record()
+
+    def step_envs(group: int, t: int) -> None:
+        """Steps one group's environments with the actions of step t, and queues the copy of what they
+        return into slot t + 1 of the experience."""
+        rows = groups[group]
+        if nb:
+            actions_ready[group].synchronize()
+        timer.enter("env")
+        next_obs, rewards, dones = envs[group].step(host_actions[rows].numpy())
+        timer.enter("eval_copy")
+        slot = t % 2
+        if nb:
+            slot_free[group][slot].synchronize()
+        host_obs[slot, rows].numpy()[:] = next_obs
+        host_reward_done[slot, 0, rows].numpy()[:] = rewards
+        host_reward_done[slot, 1, rows].numpy()[:] = dones
+        with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
+            obs_buf[t + 1, rows].copy_(host_obs[slot, rows], non_blocking=nb)
+            rewards_buf[t, rows].copy_(host_reward_done[slot, 0, rows], non_blocking=nb)
+            dones_buf[t, rows].copy_(host_reward_done[slot, 1, rows], non_blocking=nb)
+            if slot_free is not None:
+                slot_free[group][slot].record()
+        if copy_stream is not None:
+            obs_ready.record(copy_stream)
+            torch.cuda.current_stream().wait_event(obs_ready)
+        starts_buf[t + 1, rows].copy_(dones_buf[t, rows])
+
+    first_obs = np.concatenate([env.reset() for env in envs])
     obs_buf[T].copy_(torch.from_numpy(first_obs))
     starts_buf[T].fill_(1.0)
     epochs: list[dict] = []
@@ -278,55 +337,31 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         timer.trace_ranges = timer.record_timeline = traced
         timer.start_epoch()
 
-        # rollout
+        # rollout: while the host steps one group's environments, the device computes the next group's
+        # actions (with one group, the steps simply alternate)
         timer.enter("eval_misc")
         obs_buf[0].copy_(obs_buf[T])
         starts_buf[0].copy_(starts_buf[T])
         h0.copy_(h)
         c0.copy_(c)
+        if copy_stream is not None:
+            copy_stream.wait_stream(torch.cuda.current_stream())  # the last update read the buffers it writes
+        for group in range(len(groups)):
+            launch_step(group, 0)
         for t in range(T):
             rank.beat()
-            timer.enter("eval_forward")
-            step_obs.copy_(obs_buf[t])
-            step_start.copy_(starts_buf[t])
-            step_fn()
-            timer.enter("eval_misc")
-            actions_buf[t].copy_(step_action)
-            logprobs_buf[t].copy_(step_logprob)
-            values_buf[t].copy_(step_value)
-            timer.enter("eval_copy")
-            host_actions.copy_(step_action, non_blocking=nb)
-            if nb:
-                actions_ready.record()
-                actions_ready.synchronize()
-            timer.enter("env")
-            next_obs, rewards, dones = env.step(host_actions.numpy())
-            timer.enter("eval_copy")
-            slot = t % 2
-            if slot_free is not None and nb:
-                slot_free[slot].synchronize()
-            host_obs[slot].numpy()[:] = next_obs
-            host_reward_done[slot, 0].numpy()[:] = rewards
-            host_reward_done[slot, 1].numpy()[:] = dones
-            if copy_stream is not None:
-                copy_stream.wait_stream(torch.cuda.current_stream())  # earlier reads of these buffers first
-            with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
-                obs_buf[t + 1].copy_(host_obs[slot], non_blocking=nb)
-                rewards_buf[t].copy_(host_reward_done[slot, 0], non_blocking=nb)
-                dones_buf[t].copy_(host_reward_done[slot, 1], non_blocking=nb)
-                if slot_free is not None:
-                    slot_free[slot].record()
-            if copy_stream is not None:
-                obs_ready.record(copy_stream)
-                torch.cuda.current_stream().wait_event(obs_ready)
-            starts_buf[t + 1].copy_(dones_buf[t])
+            for group in range(len(groups)):
+                step_envs(group, t)
+                if t + 1 < T:
+                    launch_step(group, t + 1)
 
         # bootstrap value of the observation after the rollout, then advantages
         timer.enter("eval_forward")
         step_obs.copy_(obs_buf[T])
         step_start.copy_(starts_buf[T])
         saved_h, saved_c = h.clone(), c.clone()
-        step_fn()
+        for step_fn in step_fns:
+            step_fn()
         h.copy_(saved_h)
         c.copy_(saved_c)
         timer.enter("train_misc")
@@ -359,7 +394,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
         # log: the one read of device statistics this epoch
         timer.enter("log")
-        finished, _ = env.drain_episodes()
+        finished = np.concatenate([env.drain_episodes()[0] for env in envs])
         totals = torch.cat([stats, torch.tensor([finished.sum(), finished.size], device=device, dtype=stats.dtype)])
         totals = rank.all_reduce_sum(totals).cpu()
         updates = cfg.update_epochs * (n // S) * rank.world_size

@@ -72,7 +72,7 @@ def test_shipped_suites_load_and_smoke_sweeps_batch_dtype_and_lstm_on_cpu():
     assert len(smoke.points) == 8 and all(p.config["device"] == "cpu" for p in smoke.points)
     nightly = suites.load("nightly")
     knobs = {name for p in nightly.points for name in p.axes}
-    assert {"pinned", "non_blocking", "copy_stream", "cuda_graphs", "compile", "world_size", "dtype"} <= knobs
+    assert {"pinned", "non_blocking", "copy_stream", "env_groups", "cuda_graphs", "compile", "world_size", "dtype"} <= knobs
     assert {p.config["num_envs"] for p in nightly.points} == {1024, 4096}
     hardware = suites.load("hardware")
     assert {p.config["device"] for p in hardware.points} == {"cpu", "cuda"}

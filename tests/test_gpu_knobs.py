@@ -30,7 +30,8 @@ def test_async_copies_deliver_exactly_what_blocking_copies_do():
     # Tolerances allow for reduction order only; a stale read changes losses by far more.
     blocking = per_epoch_losses(train(cuda_cfg()))
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),
-                  dict(pinned=True, non_blocking=True, copy_stream=True)):
+                  dict(pinned=True, non_blocking=True, copy_stream=True),
+                  dict(pinned=True, non_blocking=True, copy_stream=True, env_groups=2)):
         for got, expected in zip(per_epoch_losses(train(cuda_cfg(**knobs))), blocking):
             assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), knobs
 
@@ -55,9 +56,10 @@ def test_graph_replays_draw_fresh_random_numbers():
     assert counts.min() > 4096 / 6 * 0.8  # uniform logits: every action drawn about equally
 
 
-def test_cuda_graphs_train_like_eager_and_keep_entropy():
+@pytest.mark.parametrize("env_groups", [1, 2])
+def test_cuda_graphs_train_like_eager_and_keep_entropy(env_groups):
     eager = train(cuda_cfg(total_steps=256 * 16 * 10))
-    graphed = train(cuda_cfg(total_steps=256 * 16 * 10, cuda_graphs=True))
+    graphed = train(cuda_cfg(total_steps=256 * 16 * 10, cuda_graphs=True, env_groups=env_groups))
     full_entropy = math.log(TrainConfig().num_actions)
     assert graphed["losses"]["entropy"] > 0.5 * full_entropy
     # same data and same arithmetic until the first captured epoch; close afterwards
@@ -86,7 +88,7 @@ def test_no_host_sync_inside_rollout_and_update(monkeypatch):
 
     monkeypatch.setattr(PhaseTimer, "enter", enter_with_sync_checks)
     try:
-        for knobs in (dict(), dict(cuda_graphs=True)):
+        for knobs in (dict(), dict(cuda_graphs=True), dict(copy_stream=True, env_groups=2, cuda_graphs=True)):
             train(cuda_cfg(pinned=True, non_blocking=True, **knobs))
     finally:
         torch.cuda.set_sync_debug_mode("default")

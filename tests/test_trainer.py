@@ -130,6 +130,17 @@ def test_same_seed_gives_identical_losses():
     assert [e["losses"] for e in a["epochs"]] != [e["losses"] for e in c["epochs"]]
 
 
+def test_env_groups_change_the_schedule_not_the_training():
+    # 20 epochs of 8 steps: every synthetic env finishes an episode, so resets cross the group boundaries too
+    one = train(small(total_steps=16 * 8 * 20))
+    for groups in (2, 4):
+        grouped = train(small(total_steps=16 * 8 * 20, env_groups=groups))
+        assert grouped["episodes"] == one["episodes"] > 0
+        assert grouped["mean_episode_return"] == pytest.approx(one["mean_episode_return"])
+        for got, expected in zip(grouped["epochs"], one["epochs"]):
+            assert got["losses"] == pytest.approx(expected["losses"], rel=1e-5, abs=1e-7), groups
+
+
 def test_bf16_on_cpu_really_computes_in_bf16():
     summary = train(small(dtype="bf16"))
     assert summary["dtype_used"] == "bfloat16"
@@ -154,6 +165,8 @@ def test_gymnasium_vector_env_trains():
         ({"dtype": "int8"}, "dtype"),
         ({"obs_size": 8}, "obs_size"),
         ({"num_envs": 63, "world_size": 2}, "num_envs"),
+        ({"num_envs": 64, "world_size": 2, "env_groups": 3}, "env_groups"),
+        ({"env_groups": 0}, "env_groups"),
         ({"inject_delay": {"nap": 1}}, "inject_delay"),
         ({"num_envs": "many"}, "num_envs"),
         ({"colour": "red"}, "colour"),
