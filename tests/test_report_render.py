@@ -134,6 +134,32 @@ def test_report_has_every_section_and_regressions_fail(rendered):
     assert html.count('<figure class="plot"><svg') == 7
 
 
+def test_each_knob_is_compared_with_its_baseline_phase_by_phase(summary, tmp_path):
+    # a nightly-style run: a baseline block, then knobs swept alone on top of it
+    points = [({"num_envs": 16}, 1.0, None), ({"num_envs": 16, "dtype": "bf16"}, 1.0, "learn"),
+              ({"num_envs": 16, "lstm": False}, 1.5, None), ({"num_envs": 16, "threads": 2}, 1.01, None)]
+    path = tmp_path / "results.sqlite"
+    with Store.open(path) as db:
+        run_id = db.create_run("nightly", "h", fingerprint(), machine_key(fingerprint()), None)
+        for values, speed, slow_phase in points:
+            config = {**summary["config"], **values}
+            samples = [(r, scaled(summary, speed * (1 + 0.01 * r), config, slow_phase)) for r in range(3)]
+            db.record_point(run_id, PointRecord(json.dumps(values, sort_keys=True), config, "ok", utc_now(), 5.0,
+                                                samples=samples))
+        db.finish_run(run_id, "complete")
+    render_run(str(path), run_id, str(tmp_path / "out"))
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    section = markdown.split("## What each knob changed")[1].split("\n## ")[0]
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| knobs", "| ---"))}
+    assert set(rows) == {"dtype=bf16", "lstm=false", "threads=2"}
+    assert all(row[0] == "num_envs=16" for row in rows.values())
+    bf16, no_lstm, threads = rows["dtype=bf16"], rows["lstm=false"], rows["threads=2"]
+    assert bf16[3] == "slower" and bf16[5] == "" and bf16[6].startswith("learn +")
+    assert no_lstm[3] == "faster" and no_lstm[2] == "+50.0%" and "learn -" in no_lstm[5] and no_lstm[6] == ""
+    assert threads[3] == "no clear change" and threads[5] == threads[6] == ""
+
+
 def test_report_is_self_contained(rendered):
     html = rendered[2].read_text()
     assert "<script" not in html.lower()
