@@ -11,7 +11,7 @@ from reports import figures
 from reports.page import Report, Section, write
 from reports.results import RunData, load, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
-from reports.verdicts import PointVerdict, exit_code, judge, judge_point, point_label, tally
+from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, judge, judge_point, point_label, tally
 from rlperf.errors import BadInput
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
@@ -172,6 +172,9 @@ def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None
         status, sps, _, grew, shrank = judge_point(run.samples[run.samples["point_key"] == point_key],
                                                    run.samples[run.samples["point_key"] == reference],
                                                    threshold, alpha)
+        # as for growth, a saving under 2% of the step explains nothing
+        shrank = [(phase, change) for phase, change in shrank
+                  if change.baseline - change.candidate >= MIN_PHASE_GROWTH_SHARE / sps.baseline]
         added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
         rows.append({
             "knobs": point_label(json.dumps(added)), "compared with": point_label(reference),
