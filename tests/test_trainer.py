@@ -147,6 +147,19 @@ def test_bf16_on_cpu_really_computes_in_bf16():
     assert train(small(lstm=False, dtype="bf16"))["dtype_used"] == "bfloat16"
 
 
+def test_a_run_that_would_compute_in_another_dtype_is_refused(monkeypatch):
+    # torch's fused LSTM cell ignores CPU autocast: forcing it on must turn "bf16" into an error, not fp32
+    import reference_trainer.train as train_module
+
+    class FusedCellPolicy(Policy):
+        def __init__(self, obs_size, num_actions, hidden_size, use_lstm, fused_cell):
+            super().__init__(obs_size, num_actions, hidden_size, use_lstm, True)
+
+    monkeypatch.setattr(train_module, "Policy", FusedCellPolicy)
+    with pytest.raises(ConfigError, match="dtype: bf16 was requested but the recurrent core computes in torch.float32"):
+        train(small(dtype="bf16"))
+
+
 def test_gymnasium_vector_env_trains():
     summary = train(small(env="gym:CartPole-v1", num_envs=4, minibatch_size=16, total_steps=4 * 8 * 4))
     assert summary["episodes"] >= 1 and summary["mean_episode_return"] is not None
