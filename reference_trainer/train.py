@@ -17,6 +17,7 @@ import math
 import platform
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -171,7 +172,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     # an observation is never overwritten while its copy may still be in flight.
     pin = cfg.pinned
     host_obs = torch.zeros(2, n, obs_size, pin_memory=pin)
-    host_reward_done = torch.zeros(2, 2, n, pin_memory=pin)
+    host_rewards = torch.zeros(2, n, pin_memory=pin)
+    host_dones = torch.zeros(2, n, pin_memory=pin)
     host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
     copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
     slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
@@ -179,23 +181,33 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     actions_ready = [torch.cuda.Event() for _ in groups] if cfg.is_cuda else None
     nb = cfg.non_blocking
 
+    # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host time,
+    # and making a view costs about a microsecond.
+    by_step = dict(obs=obs_buf, starts=starts_buf, actions=actions_buf, logprobs=logprobs_buf, values=values_buf,
+                   rewards=rewards_buf, dones=dones_buf, host_obs=host_obs, host_rewards=host_rewards,
+                   host_dones=host_dones)
+    by_env = dict(step_obs=step_obs, step_start=step_start, step_action=step_action, step_logprob=step_logprob,
+                  step_value=step_value, step_noise=step_noise, h=h, c=c, host_actions=host_actions)
+    views = [SimpleNamespace(**{name: buf[:, rows] for name, buf in by_step.items()},
+                             **{name: buf[rows] for name, buf in by_env.items()}) for rows in groups]
+
     def policy_step(group: int) -> None:
         """One rollout step of one group of environments. The first group draws the step's noise for all,
         so the actions do not depend on how the environments are grouped."""
-        rows = groups[group]
+        v = views[group]
         with torch.no_grad():
             if group == 0:
                 step_noise.copy_(torch.rand(rank.world_size, n, num_actions, device=device)[rank.rank])
             with autocast():
-                logits, value, h_new, c_new = policy.step(step_obs[rows], h[rows], c[rows], step_start[rows])
+                logits, value, h_new, c_new = policy.step(v.step_obs, v.h, v.c, v.step_start)
             logits = logits.float()
-            action = sample_actions(logits, step_noise[rows])
-            step_action[rows].copy_(action)
-            step_logprob[rows].copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
-            step_value[rows].copy_(value.float())
+            action = sample_actions(logits, v.step_noise)
+            v.step_action.copy_(action)
+            v.step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
+            v.step_value.copy_(value.float())
             if cfg.lstm:
-                h[rows].copy_(h_new)
-                c[rows].copy_(c_new)
+                v.h.copy_(h_new)
+                v.c.copy_(c_new)
 
     # Minibatch tensors the update reads: gathered into place, then the update runs on them.
     S = cfg.minibatch_sequences_per_rank
@@ -278,45 +290,45 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
     def launch_step(group: int, t: int) -> None:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""
-        rows = groups[group]
+        v = views[group]
         timer.enter("eval_forward")
-        step_obs[rows].copy_(obs_buf[t, rows])
-        step_start[rows].copy_(starts_buf[t, rows])
+        v.step_obs.copy_(v.obs[t])
+        v.step_start.copy_(v.starts[t])
         step_fns[group]()
         timer.enter("eval_misc")
-        actions_buf[t, rows].copy_(step_action[rows])
-        logprobs_buf[t, rows].copy_(step_logprob[rows])
-        values_buf[t, rows].copy_(step_value[rows])
+        v.actions[t].copy_(v.step_action)
+        v.logprobs[t].copy_(v.step_logprob)
+        v.values[t].copy_(v.step_value)
         timer.enter("eval_copy")
-        host_actions[rows].copy_(step_action[rows], non_blocking=nb)
+        v.host_actions.copy_(v.step_action, non_blocking=nb)
         if nb:
             actions_ready[group].record()
 
     def step_envs(group: int, t: int) -> None:
         """Steps one group's environments with the actions of step t, and queues the copy of what they
         return into slot t + 1 of the experience."""
-        rows = groups[group]
+        v = views[group]
         if nb:
             actions_ready[group].synchronize()
         timer.enter("env")
-        next_obs, rewards, dones = envs[group].step(host_actions[rows].numpy())
+        next_obs, rewards, dones = envs[group].step(v.host_actions.numpy())
         timer.enter("eval_copy")
         slot = t % 2
         if nb:
             slot_free[group][slot].synchronize()
-        host_obs[slot, rows].numpy()[:] = next_obs
-        host_reward_done[slot, 0, rows].numpy()[:] = rewards
-        host_reward_done[slot, 1, rows].numpy()[:] = dones
+        v.host_obs[slot].numpy()[:] = next_obs
+        v.host_rewards[slot].numpy()[:] = rewards
+        v.host_dones[slot].numpy()[:] = dones
         with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
-            obs_buf[t + 1, rows].copy_(host_obs[slot, rows], non_blocking=nb)
-            rewards_buf[t, rows].copy_(host_reward_done[slot, 0, rows], non_blocking=nb)
-            dones_buf[t, rows].copy_(host_reward_done[slot, 1, rows], non_blocking=nb)
+            v.obs[t + 1].copy_(v.host_obs[slot], non_blocking=nb)
+            v.rewards[t].copy_(v.host_rewards[slot], non_blocking=nb)
+            v.dones[t].copy_(v.host_dones[slot], non_blocking=nb)
             if slot_free is not None:
                 slot_free[group][slot].record()
         if copy_stream is not None:
             obs_ready.record(copy_stream)
             torch.cuda.current_stream().wait_event(obs_ready)
-        starts_buf[t + 1, rows].copy_(dones_buf[t, rows])
+        v.starts[t + 1].copy_(v.dones[t])
 
     first_obs = np.concatenate([env.reset() for env in envs])
     obs_buf[T].copy_(torch.from_numpy(first_obs))
