@@ -175,7 +175,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.num_envs % cfg.world_size:
         raise ConfigError("num_envs", f"must divide evenly among world_size={cfg.world_size} ranks (got {cfg.num_envs})")
     if cfg.envs_per_rank % cfg.env_groups:
-        raise ConfigError("env_groups", f"must divide each rank's {cfg.envs_per_rank} envs evenly (got {cfg.env_groups})")
+        raise ConfigError("env_groups",
+                          f"must divide each rank's {cfg.envs_per_rank} envs evenly (got {cfg.env_groups})")
     unit = cfg.horizon * cfg.world_size
     if cfg.minibatch_size % unit or cfg.batch_size % cfg.minibatch_size:
         raise ConfigError(

@@ -264,7 +264,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     forward_fn, learn_fn = forward_loss, backward_step
 
     def capture_graphs() -> None:
-        """Replaces the eager step and update with CUDA graphs, after eager warm-up epochs ran them.
+        """Replaces the eager steps and update with CUDA graphs, after eager warm-up epochs ran them.
 
         Capture records kernels without running them, so no state advances here. The update is two graphs
         (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
