@@ -6,13 +6,21 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_OUT = "runs"
 STORE_FILE = "results.sqlite"
+
+
+# A repeat longer than a day is a hung process, not a measurement; a sampler above 100 Hz measures itself
+# (each NVML PCIe reading blocks 20 ms) and floods the store.
+MAX_TIMEOUT_S = 86400.0
+MAX_SAMPLE_HZ = 100.0
 
 
 def positive_int(text: str) -> int:
@@ -21,21 +29,25 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of 0 or more (got {text!r})")
-    return value
+def number_in(low: float, high: float, low_included: bool) -> Callable[[str], float]:
+    """An argparse type for a number in [low, high] (or (low, high]); one message for every value outside."""
+    allowed = f"{'from' if low_included else 'above'} {low:g}"
+    if math.isfinite(high):
+        allowed += f" {'to' if low_included else 'and at most'} {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low <= value <= high) or (value == low and not low_included):
+            raise argparse.ArgumentTypeError(f"must be a number {allowed} (got {text!r})")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    value = non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a number above 0 (got {text!r})")
-    return value
+positive_float = number_in(0, math.inf, low_included=False)
 
 
 def device_choice(text: str) -> str:
@@ -46,27 +58,44 @@ def device_choice(text: str) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="smoke",
-                        help="a suite in benches/suites (smoke, nightly, hardware) or a path to a .toml file")
+                        help="a suite in benches/suites (smoke, nightly, hardware, overhead) or a path to a .toml "
+                             "file (default smoke)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}), logs and reports go (default {DEFAULT_OUT}/)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the newest unfinished run of this suite in the store, skipping finished points")
+                        help="continue the newest unfinished run of this suite in the store, skipping finished "
+                             "points (default: start a new run)")
     parser.add_argument("--repeats", type=positive_int, metavar="R",
                         help="fresh processes per point (default: the suite's `repeats`)")
     parser.add_argument("--device", type=device_choice,
                         help="run every point on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
-                             "(the first GPU when there is one)")
-    parser.add_argument("--timeout", type=positive_float, metavar="S",
-                        help="seconds one repeat may run before it is killed (default: the suite's `timeout_s`)")
-    parser.add_argument("--sample-hz", type=non_negative_float, metavar="HZ",
-                        help="utilization samples per second around each repeat, 0 for none "
-                             "(default: the suite's `sample_hz`)")
-    parser.add_argument("--label", help="a note stored with the run (e.g. the change being measured)")
+                             "(the first GPU when there is one) (default: the suite's)")
+    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
+                        help=f"seconds one repeat may run before it is killed, above 0 and at most {MAX_TIMEOUT_S:g} "
+                             "(default: the suite's `timeout_s`)")
+    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
+                        help=f"utilization samples per second around each repeat, 0 for none, at most "
+                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
+    parser.add_argument("--label", type=utf8_text,
+                        help="a note stored with the run, e.g. the change being measured (default: none)")
     parser.add_argument("--export", metavar="PATH", type=Path,
-                        help="also write the run's samples as a flat table: .csv, .parquet or .json")
+                        help="also write the run's samples as a flat table: .csv, .parquet or .json (default: none)")
     parser.add_argument("--baseline", metavar="RESULTS", default=os.environ.get("RLPERF_BASELINE") or None,
                         help="compare the report with this store (PATH or PATH::RUN_ID); exit 1 on a regression "
                              "(default: $RLPERF_BASELINE, else no comparison)")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
+                             "waiting for it (default: wait)")
+
+
+def utf8_text(text: str) -> str:
+    # Bytes that are not UTF-8 reach argv as surrogate escapes, which SQLite cannot store.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"must be UTF-8 text (got {text.encode('utf-8', 'surrogateescape')!r})") \
+            from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export, baseline=args.baseline)
+                           export=args.export, baseline=args.baseline, wait=args.wait)
     # SIGTERM (a CI job cancelled, a `kill`) ends the sweep like Ctrl-C: the run is marked interrupted.
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 import pandas as pd
 
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, fault, is_machine_fault, output_dir
 
 # "RLPF": marks a SQLite file as an rlperf store, so a stray database is refused rather than misread.
 APPLICATION_ID = 0x524C5046
@@ -133,30 +134,35 @@ class Store:
     @classmethod
     def open(cls, path: str | Path, readonly: bool = False) -> "Store":
         path = Path(path)
+        if path.is_dir():
+            raise not_a_store(path, f"a directory; name the store file in it, e.g. {path / 'results.sqlite'}")
         if not path.is_file() and (readonly or path.exists()):
             raise not_a_store(path, "no such file")
-        try:
-            if readonly:
-                db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
-            else:
-                db = sqlite3.connect(path, timeout=30)
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.DatabaseError as exc:
-            raise not_a_store(path, str(exc)) from None
-        if app_id == 0 and not tables and not readonly:
-            cls._create_schema(db)
-        elif app_id != APPLICATION_ID:
-            db.close()
-            raise not_a_store(path, "a SQLite file that rlperf did not write")
-        elif version != SCHEMA_VERSION:
-            db.close()
-            raise not_a_store(path, f"schema version {version}; this rlperf reads version {SCHEMA_VERSION}")
-        if not readonly:
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = FULL")
-        db.execute("PRAGMA foreign_keys = ON")
+        with faults(path):
+            try:
+                if readonly:
+                    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+                else:
+                    db = sqlite3.connect(path, timeout=30)
+                app_id = db.execute("PRAGMA application_id").fetchone()[0]
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            except sqlite3.DatabaseError as exc:
+                if is_machine_fault(exc):
+                    raise
+                raise not_a_store(path, str(exc)) from None
+            if app_id == 0 and not tables and not readonly:
+                cls._create_schema(db)
+            elif app_id != APPLICATION_ID:
+                db.close()
+                raise not_a_store(path, "a SQLite file that rlperf did not write")
+            elif version != SCHEMA_VERSION:
+                db.close()
+                raise not_a_store(path, f"schema version {version}; this rlperf reads version {SCHEMA_VERSION}")
+            if not readonly:
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA foreign_keys = ON")
         return cls(path, db, readonly)
 
     @staticmethod
@@ -191,7 +197,7 @@ class Store:
         run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{suite}-{uuid.uuid4().hex[:6]}"
         git = fingerprint.get("git") or {}
         dirty = git.get("dirty")
-        with self._db:
+        with faults(self.path), self._db:
             self._db.execute(
                 "INSERT INTO runs (run_id, suite, suite_hash, started_at, status, fingerprint, machine_key,"
                 " git_commit, git_dirty, label) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
@@ -204,7 +210,7 @@ class Store:
         """Writes a point with all its samples and utilization rows in one transaction."""
         if record.status not in POINT_STATUSES:
             raise ValueError(f"point status must be one of {POINT_STATUSES}, not {record.status!r}")
-        with self._db:
+        with faults(self.path), self._db:
             self._db.execute(
                 "INSERT INTO points (run_id, point_key, config, status, reason, started_at, seconds)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -230,18 +236,18 @@ class Store:
     def finish_run(self, run_id: str, status: str) -> None:
         if status not in RUN_STATUSES:
             raise ValueError(f"run status must be one of {RUN_STATUSES}, not {status!r}")
-        with self._db:
+        with faults(self.path), self._db:
             self._db.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", (status, utc_now(), run_id))
 
     def reopen_run(self, run_id: str) -> None:
         """Marks an unfinished run as running again (`--resume`)."""
-        with self._db:
+        with faults(self.path), self._db:
             self._db.execute("UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?", (run_id,))
 
     def add_collectives(self, run_id: str, rows: Iterable[dict[str, Any]]) -> None:
         """Writes collective-bandwidth measurements (keys: COLLECTIVE_COLUMNS) in one transaction."""
         self.require_run(run_id)
-        with self._db:
+        with faults(self.path), self._db:
             self._db.executemany(
                 f"INSERT INTO collectives (run_id, {', '.join(COLLECTIVE_COLUMNS)})"
                 f" VALUES (?, {', '.join('?' for _ in COLLECTIVE_COLUMNS)})",
@@ -250,7 +256,7 @@ class Store:
 
     def add_trace(self, run_id: str, point_key: str, path: str, summary: dict[str, Any]) -> None:
         self.require_run(run_id)
-        with self._db:
+        with faults(self.path), self._db:
             self._db.execute("INSERT INTO traces (run_id, point_key, path, summary) VALUES (?, ?, ?, ?)",
                              (run_id, point_key, path, json.dumps(summary)))
 
@@ -281,6 +287,14 @@ class Store:
 
     def finished_point_keys(self, run_id: str) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT point_key FROM points WHERE run_id = ?", (run_id,))}
+
+    def stored_repeats(self, run_id: str) -> int | None:
+        """Repeats per point of the run's finished points (None before any point finished): a resumed run
+        must keep it, or its points would not be alike."""
+        row = self._db.execute(
+            "SELECT MAX(s.repeat) + 1 FROM samples s JOIN points p USING (run_id, point_key)"
+            " WHERE s.run_id = ? AND p.status = 'ok'", (run_id,)).fetchone()
+        return row[0]
 
     def fingerprint(self, run_id: str) -> dict[str, Any]:
         self.require_run(run_id)
@@ -319,12 +333,16 @@ class Store:
         path = Path(path)
         check_export_path(path)
         table = self.flat_table(run_id)
-        if path.suffix == ".csv":
-            table.to_csv(path, index=False)
-        elif path.suffix == ".parquet":
-            table.to_parquet(path, index=False)
-        else:
-            table.to_json(path, orient="records", indent=1)
+        try:
+            if path.suffix == ".csv":
+                table.to_csv(path, index=False)
+            elif path.suffix == ".parquet":
+                table.to_parquet(path, index=False)
+            else:
+                table.to_json(path, orient="records", indent=1)
+        except OSError as exc:
+            path.unlink(missing_ok=True)  # half a table would read as a whole one
+            raise fault(path, exc) from None
         return path
 
     def flat_table(self, run_id: str) -> pd.DataFrame:
@@ -359,8 +377,24 @@ def parse_json_columns(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
 
 
 def check_export_path(path: Path) -> None:
+    """Refuses an export that could not be written, before anything is measured."""
     if path.suffix not in EXPORT_EXTENSIONS:
         raise BadInput(f"export: {path} has an unknown extension (allowed: {', '.join(EXPORT_EXTENSIONS)})")
+    if path.is_dir():
+        raise BadInput(f"export: {path} is a directory; name a file")
+    output_dir(path.parent, "export")
+
+
+@contextmanager
+def faults(path: Path) -> Iterator[None]:
+    """A write the machine refuses (read-only file system, disk full) ends as one MachineFault naming the
+    store; SQLite has rolled the transaction back, so the store keeps its last committed state."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if is_machine_fault(exc):
+            raise fault(path, exc) from None
+        raise
 
 
 def not_a_store(path: Path, why: str) -> BadInput:

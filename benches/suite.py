@@ -20,6 +20,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
 
+from benches.cli import MAX_SAMPLE_HZ, MAX_TIMEOUT_S
 from benches.store import canonical_json
 from reference_trainer.config import FIELD_TYPES, ConfigError, coerce, from_dict
 from rlperf.errors import BadInput
@@ -31,8 +32,9 @@ SETTINGS = tuple(name for name in FIELD_TYPES if name not in NOT_SWEEPABLE)
 TOP_LEVEL = {
     "description": "a sentence saying what the suite teaches",
     "repeats": "how many times each point runs, each in a fresh process (an integer, 1 or more)",
-    "timeout_s": "seconds one repeat may take before it is killed (a number above 0)",
-    "sample_hz": "utilization samples per second while a point runs (a number, 0 turns sampling off)",
+    "timeout_s": f"seconds one repeat may take before it is killed (a number above 0 and at most {MAX_TIMEOUT_S:g})",
+    "sample_hz": f"utilization samples per second while a point runs (a number from 0, which turns sampling off, "
+                 f"to {MAX_SAMPLE_HZ:g})",
     "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS",
     "fixed": "a table of trainer settings shared by every point",
     "axes": "a table of setting = [values] swept as a cartesian product",
@@ -178,8 +180,8 @@ class SuiteReader:
             "description": isinstance(options["description"], str),
             "repeats": isinstance(options["repeats"], int) and not isinstance(options["repeats"], bool)
             and options["repeats"] >= 1,
-            "timeout_s": is_number(options["timeout_s"]) and options["timeout_s"] > 0,
-            "sample_hz": is_number(options["sample_hz"]) and options["sample_hz"] >= 0,
+            "timeout_s": is_number(options["timeout_s"]) and 0 < options["timeout_s"] <= MAX_TIMEOUT_S,
+            "sample_hz": is_number(options["sample_hz"]) and 0 <= options["sample_hz"] <= MAX_SAMPLE_HZ,
             "profile": isinstance(options["profile"], bool),
         }
         for key, ok in checks.items():
@@ -210,6 +212,11 @@ class SuiteReader:
             if not isinstance(values, list) or not values:
                 raise self.fail(f"{key}.{name}", f"must be a non-empty list of values (got {values!r})")
             axes[name] = [self.check_setting(f"{key}.{name}[{i}]", name, value) for i, value in enumerate(values)]
+            for i, value in enumerate(axes[name]):
+                if value in axes[name][:i]:
+                    # A repeated value would silently collapse into one point.
+                    raise self.fail(f"{key}.{name}[{i}]", f"repeats the value {format_value(value)}; list each value "
+                                                          "once")
         return axes
 
     def exclude_rules(self, axis_names: tuple[str, ...]) -> list[dict[str, list[Any]]]:

@@ -4,6 +4,8 @@ run the rest one by one with live progress, then summarise, export and render th
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -23,9 +25,14 @@ from benches.probe import Machine, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
 from reference_trainer.config import PHASES
+from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
+from rlperf.lock import MeasurementLock
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
 MIN_SHOWN_SHARE = 0.005
+# Space held beside the store while a sweep runs and given back when the disk fills, so the run can still
+# be marked interrupted (one row update, a few WAL pages).
+RESERVE_BYTES = 256 * 1024
 
 
 @dataclass
@@ -40,6 +47,7 @@ class SweepOptions:
     label: str | None = None
     export: Path | None = None
     baseline: str | None = None
+    wait: bool = True  # for another sweep measuring on this machine; False refuses instead
 
 
 class Sweep:
@@ -70,31 +78,59 @@ class Sweep:
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
 
-        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with Store.open(store_path) as store:
-            run_id, done = self.start_run(store, suite, fingerprint, key)
-            try:
-                self.record_skipped(store, run_id, suite, machine, done)
-                self.run_points(store, run_id, suite, machine, done)
-            except KeyboardInterrupt:
-                store.finish_run(run_id, "interrupted")
-                stored = len(store.finished_point_keys(run_id))
-                self.console.print(f"interrupted: {stored} of {len(suite.points)} points are stored; "
-                                   f"`rlperf bench --suite {opts.suite} --out {opts.out_dir} --resume` continues")
-                raise
-            store.finish_run(run_id, "complete")
-            failed = self.print_summary(store, run_id, suite)
-            if opts.export is not None:
-                self.console.print(f"exported {store.export(run_id, opts.export)}")
+        with MeasurementLock() as lock:
+            lock.acquire(opts.wait, self.console.print, suite=suite.name, store=str(store_path.resolve()))
+            with Reserve(opts.out_dir) as reserve, Store.open(store_path) as store:
+                run_id, done = self.start_run(store, suite, fingerprint, key)
+                lock.update(run_id=run_id)
+                try:
+                    self.record_skipped(store, run_id, suite, machine, done)
+                    self.run_points(store, run_id, suite, machine, done)
+                except KeyboardInterrupt:
+                    store.finish_run(run_id, "interrupted")
+                    stored = len(store.finished_point_keys(run_id))
+                    self.console.print(f"interrupted: {stored} of {len(suite.points)} points are stored; "
+                                       f"`{self.resume_command()}` continues")
+                    raise
+                except (MachineFault, OSError, sqlite3.OperationalError) as exc:
+                    if not isinstance(exc, MachineFault) and not is_machine_fault(exc):
+                        raise
+                    raise self.interrupted_by_fault(store, run_id, suite, reserve, exc) from None
+                store.finish_run(run_id, "complete")
+                failed = self.print_summary(store, run_id, suite)
+                if opts.export is not None:
+                    self.console.print(f"exported {store.export(run_id, opts.export)}")
         report_status = self.render_report(store_path, run_id, opts.out_dir / run_id / "report")
         return 1 if failed or report_status else 0
+
+    def resume_command(self) -> str:
+        return f"rlperf bench --suite {self.options.suite} --out {self.options.out_dir} --resume"
+
+    def interrupted_by_fault(self, store: Store, run_id: str, suite: suites.Suite, reserve: "Reserve",
+                             exc: BaseException) -> MachineFault:
+        """Marks the run interrupted after the machine refused a write; the fault's one line says so."""
+        problem = exc if isinstance(exc, MachineFault) else fault(None, exc)
+        reserve.release()
+        try:
+            store.finish_run(run_id, "interrupted")
+        except MachineFault as again:
+            return MachineFault(f"{problem}; run {run_id} could not be marked interrupted either ({again})")
+        stored = len(store.finished_point_keys(run_id))
+        return MachineFault(f"{problem}; run {run_id} is marked interrupted with {stored} of {len(suite.points)} "
+                            f"points stored; `{self.resume_command()}` continues it")
 
     def start_run(self, store: Store, suite: suites.Suite, fingerprint: dict[str, Any],
                   key: str) -> tuple[str, set[str]]:
         if self.options.resume:
             run_id = store.resumable_run(suite.name, suite.suite_hash, key)
             if run_id is not None:
+                repeats = self.options.repeats or suite.repeats
+                stored = store.stored_repeats(run_id)
+                if stored is not None and stored != repeats:
+                    raise BadInput(f"repeats: run {run_id} was measured with {stored} repeats per point; resume it "
+                                   f"with --repeats {stored}, or start a new run without --resume")
                 store.reopen_run(run_id)
                 done = store.finished_point_keys(run_id)
                 self.console.print(f"resuming run {run_id}: {len(done)} of {len(suite.points)} points already stored")
@@ -133,7 +169,8 @@ class Sweep:
                 record = runner.run(index, point, machine.gpu_uuids(point.config))
                 store.record_point(run_id, record)
                 if suite.profile and record.status == "ok":
-                    self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile", progress.console)
+                    self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile",
+                                       machine.gpu_uuids(point.config), progress.console)
                 elapsed = time.monotonic() - started
                 remaining = elapsed / number * (len(todo) - number)
                 last = point_result_text(record)
@@ -146,14 +183,15 @@ class Sweep:
                     progress.console.print(f"utilization: {utilization.unavailable}")
                     reported_unavailable = True
 
-    def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, console: Console) -> None:
+    def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, gpu_uuids: list[str],
+                      console: Console) -> None:
         """One extra traced run of the point (the suite's `profile = true`); its trace and summary go to the
         traces table, its SPS nowhere."""
         from profilers.profile_run import profile_run
         from reference_trainer.config import from_dict
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        result = profile_run(from_dict(point.config), out_dir)
+        result = profile_run(from_dict(point.config), out_dir, gpu_uuids=gpu_uuids)
         for message in result.messages:
             console.print(f"    profile: {message}", markup=False)
         if result.returncode == 0:
@@ -198,6 +236,29 @@ class Sweep:
         verdict = "regressions found" if status else "no regression" if self.options.baseline else ""
         self.console.print(f"report: {out_dir}{against}" + (f": {verdict}" if verdict else ""))
         return status
+
+
+class Reserve:
+    """RESERVE_BYTES of disk held in a file beside the store for as long as a sweep runs (see RESERVE_BYTES).
+    A disk too full for it fails here, before a run is started."""
+
+    def __init__(self, directory: Path):
+        self.path = directory / ".rlperf-reserve"
+
+    def __enter__(self) -> "Reserve":
+        try:
+            with open(self.path, "wb") as file:
+                os.posix_fallocate(file.fileno(), 0, RESERVE_BYTES)
+        except OSError as exc:
+            self.release()
+            raise fault(self.path.parent, exc) from None
+        return self
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 def summarise(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sqlite3
 import sys
 
 from reference_trainer.config import ConfigError
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault
 
 SUBCOMMANDS = {
     "train": ("reference_trainer.cli", "train PPO+LSTM and print a per-phase time breakdown"),
@@ -51,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BadInput) as exc:
         sys.stderr.write(f"rlperf {args.command}: error: {exc}\n")
         return 2
+    except MachineFault as exc:
+        sys.stderr.write(f"rlperf {args.command}: error: {exc}\n")
+        return 1
+    except (OSError, sqlite3.OperationalError) as exc:
+        # A write the machine refused where no command mapped it itself: still one line, not a traceback.
+        if not is_machine_fault(exc):
+            raise
+        sys.stderr.write(f"rlperf {args.command}: error: {fault(None, exc)}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write(f"rlperf {args.command}: interrupted\n")
         return 130
