@@ -225,4 +225,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"must be less than the number of epochs ({cfg.num_epochs} for total_steps={cfg.total_steps}); "
             "raise total_steps or lower warmup_epochs",
         )
+    steady_epochs = cfg.num_epochs - cfg.warmup_epochs
+    if cfg.trace_epochs > steady_epochs:
+        raise ConfigError("trace_epochs", f"must be at most the run's {steady_epochs} steady epochs "
+                                          f"(got {cfg.trace_epochs}); raise total_steps or trace fewer epochs")
     return cfg
