@@ -2,7 +2,9 @@
 
 For each phase, a short training with a known delay injected into that phase once per epoch; the share
 of the delay that the breakdown attributed to that phase is (delayed run's median per-epoch phase time -
-baseline's) / delay. Medians over epochs keep one noisy epoch from deciding the verdict.
+baseline's) / delay. Medians over epochs keep one noisy epoch from deciding the verdict. A last run
+injects the delay into every phase at once: each phase must still receive its own delay, so a delay
+charged to the phase after it (or counted in both) cannot pass by landing where another was expected.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import statistics
 from reference_trainer.config import PHASES, TrainConfig, validate
 
 REQUIRED_SHARE = 0.95
+ALL_AT_ONCE = "(all phases delayed)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +39,10 @@ def attributed_shares(delay_ms: float, epochs: int, device: str) -> dict[str, fl
         delayed = train(validate(TrainConfig(**base, inject_delay={phase: delay_ms})))
         extra = median_phase_seconds(delayed, phase) - median_phase_seconds(baseline, phase)
         shares[phase] = extra / (delay_ms / 1000.0)
+    together = train(validate(TrainConfig(**base, inject_delay=dict.fromkeys(PHASES, delay_ms))))
+    for phase in PHASES:
+        extra = median_phase_seconds(together, phase) - median_phase_seconds(baseline, phase)
+        shares[f"{phase} {ALL_AT_ONCE}"] = extra / (delay_ms / 1000.0)
     return shares
 
 
