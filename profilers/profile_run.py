@@ -24,6 +24,7 @@ PROFILE_NAME = "profile.json"
 UTILIZATION_NAME = "utilization.csv"
 PROFILED_SPS_NOTE = "SPS is not taken from a profiled run: the profiler's overhead distorts it"
 DEFAULT_SAMPLE_HZ = 20.0
+BAD_INPUT = 2  # the exit code of `rlperf train` for a config it refuses
 
 
 @dataclass
@@ -35,10 +36,11 @@ class ProfileResult:
 
 
 def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMPLE_HZ,
-                pyspy_rate: int | None = None) -> ProfileResult:
+                pyspy_rate: int | None = None, gpu_uuids: list[str] | None = None) -> ProfileResult:
     """Runs the trainer with `trace_dir=out_dir`; writes profile.json, utilization.csv and the merged trace
     there. A failed trainer gives its exit code and no profile. The trainer runs with --quiet, so its own
-    (profiled, hence distorted) SPS is never shown."""
+    (profiled, hence distorted) SPS is never shown. `gpu_uuids`: the NVML UUIDs of the run's GPUs, asked of
+    the machine when not given; only those are sampled, never a neighbour's GPU."""
     out_dir = Path(out_dir)
     summary_path = out_dir / RUN_SUMMARY_NAME
     train = [sys.executable, "-m", "rlperf", "train", *train_argv(cfg), "--trace-dir", str(out_dir),
@@ -52,7 +54,8 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
     else:
         command = None
 
-    gpu_uuids = [] if not cfg.is_cuda else None
+    if gpu_uuids is None:
+        gpu_uuids = run_gpu_uuids(cfg)
     sampler = UtilizationSampler(1.0 / sample_hz, gpu_uuids)
     returncode, rows = _sampled(sampler, command or train)
     if command is not None and not summary_path.exists() and not (out_dir / pyspy.SPEEDSCOPE_NAME).exists():
@@ -60,6 +63,8 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
         messages.append(pyspy_info["unavailable"])
         sampler = UtilizationSampler(1.0 / sample_hz, gpu_uuids)
         returncode, rows = _sampled(sampler, train)
+    if returncode == BAD_INPUT:  # the trainer has said why in one line; saying it failed adds nothing
+        return ProfileResult(returncode, rows=rows, messages=messages)
     if returncode != 0 or not summary_path.exists():
         messages.append(f"the trainer failed (exit code {returncode}); no profile written")
         return ProfileResult(returncode or 1, rows=rows, messages=messages)
@@ -100,6 +105,15 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
     }
     (out_dir / PROFILE_NAME).write_text(json.dumps(profile, indent=1))
     return ProfileResult(0, profile, rows, messages)
+
+
+def run_gpu_uuids(cfg: TrainConfig) -> list[str]:
+    """The UUIDs of the GPUs this run uses (none on a CPU), as the bench harness finds them."""
+    if not cfg.is_cuda:
+        return []
+    from benches.probe import probe
+
+    return probe().gpu_uuids(cfg.to_dict())
 
 
 def train_argv(cfg: TrainConfig) -> list[str]:

@@ -13,32 +13,68 @@ from reference_trainer.config import PHASES, TrainConfig, from_dict, parse_delay
 
 FLAG_HELP = {
     "env": "memory, cartpole, synthetic or gym:<id>",
+    "seed": "random seed of the environments and the policy",
+    "total_steps": "agent steps to train for, rounded up to whole epochs of num_envs x horizon",
     "num_envs": "environments in all ranks together; batch = num_envs x horizon",
-    "minibatch_size": "agent steps per minibatch, a multiple of horizon",
+    "horizon": "environment steps per rollout, and the length of the training sequences",
+    "minibatch_size": "agent steps per minibatch, a multiple of horizon x world_size",
+    "update_epochs": "passes over the batch per epoch",
+    "hidden_size": "width of the encoder and the LSTM, in units",
     "lstm": "use the LSTM core (--no-lstm: an MLP-only policy)",
+    "learning_rate": "Adam's learning rate",
+    "anneal_lr": "lower the learning rate linearly to 0 over the run",
+    "gamma": "discount factor, 0 to 1",
+    "gae_lambda": "GAE lambda, 0 to 1",
+    "clip_coef": "PPO's ratio clip",
+    "vf_coef": "weight of the value loss",
+    "ent_coef": "weight of the entropy bonus",
+    "max_grad_norm": "gradient norm clip",
+    "obs_size": "observation width of env=synthetic, in floats",
+    "num_actions": "actions of env=synthetic",
+    "env_cost_us": "CPU microseconds env=synthetic spins per env per step, to model a costlier env",
+    "device": "cpu, cuda or cuda:N (the first of world_size GPUs)",
+    "threads": "torch CPU threads per process; 0 leaves torch's default (one per physical core), or each rank's "
+               "share of the cores when world_size > 1",
     "dtype": "fp32, bf16 or fp16 (autocast around forward and loss)",
+    "pinned": "stage host<->device copies in page-locked buffers (CUDA only)",
+    "non_blocking": "asynchronous host<->device copies; needs --pinned (CUDA only)",
+    "cuda_graphs": "capture and replay the rollout step and the update as CUDA graphs (CUDA only)",
+    "copy_stream": "issue host->device copies on a second stream; needs --pinned --non-blocking (CUDA only)",
     "env_groups": "step the envs in this many groups, overlapping one group's env step with another's forward on a GPU",
-    "inject_delay": "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch (repeatable)",
-    "trace_dir": "write a torch.profiler Chrome trace of steady epochs here",
+    "compile": "torch.compile the rollout step and forward+loss (compile time reported apart)",
+    "world_size": "ranks (processes), one GPU each on CUDA; num_envs is split among them",
+    "rank_timeout": "seconds a rank may make no progress before the run fails with that rank named",
     "timers": "per-phase timers (--no-timers to measure their cost)",
+    "warmup_epochs": "epochs left out of the steady SPS",
+    "inject_delay": "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch (repeatable; default none)",
+    "trace_dir": "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
+    "trace_epochs": "steady epochs to trace, at most the run's steady epochs",
 }
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> None:
+    """One flag per TrainConfig field; fields in `omit` get no flag and keep their default."""
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         help_text = FLAG_HELP.get(f.name, "")
-        if f.name == "inject_delay":
+        if f.name in omit:
+            parser.set_defaults(**{f.name: [] if f.name == "inject_delay" else default})
+        elif f.name == "inject_delay":
             parser.add_argument(flag, action="append", default=[], metavar="PHASE=MS", help=help_text)
         elif isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f"{help_text} (default {'on' if default else 'off'})")
+        elif f.name == "trace_dir":
+            parser.add_argument(flag, default=default, metavar="DIR", help=help_text)
         else:
-            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})".strip())
-    parser.add_argument("--json", metavar="PATH", help="write the run's summary here (docs/results-format.md)")
-    parser.add_argument("--save-policy", metavar="PATH", default="", help="save the trained policy's state_dict here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
+            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})")
+    parser.add_argument("--json", metavar="PATH",
+                        help="write the run's summary here (docs/results-format.md; default: none)")
+    parser.add_argument("--save-policy", metavar="PATH", default="",
+                        help="save the trained policy's state_dict here (default: not saved)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or table (default: shown)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
