@@ -14,7 +14,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = f"{parser.description}. {EXIT_CODES}."
     parser.add_argument("results", nargs="?", metavar="RESULTS",
                         help="a results store, optionally PATH::RUN_ID (default: its latest run)")
-    parser.add_argument("--baseline", metavar="BASELINE", help="results to compare with: PATH or PATH::RUN_ID")
+    parser.add_argument("--baseline", metavar="BASELINE",
+                        help="results to compare with: PATH or PATH::RUN_ID (default: none, no verdicts)")
     parser.add_argument("--out", default="report", metavar="DIR", help="where report.md and report.html go "
                         "(default: ./report)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
@@ -22,25 +23,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
     parser.add_argument("--allow-cross-machine", action="store_true",
-                        help="compare with a baseline measured on another kind of machine")
+                        help="compare with a baseline measured on another kind of machine (default: refused)")
     parser.add_argument("--history", metavar="STORE",
-                        help="instead of one run: SPS over commits for every point in STORE, regressions marked")
+                        help="instead of one run: SPS over commits for every point in STORE, regressions marked "
+                             "(default: report one run)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from benches.sweep import default_console
     from reports.history import render_history
-    from reports.render import render
+    from reports.render import print_table, render
     from reports.results import load
     from rlperf.errors import BadInput
 
-    console = Console()
+    # Piped output (CI logs) stays wide, as the bench's table does, so point names are not split.
+    console = default_console()
     if args.history:
         if args.results or args.baseline:
             raise BadInput("history: give either RESULTS or --history STORE, not both")
-        paths = render_history(args.history, args.out, args.threshold, args.alpha)
-        console.print(f"history report: {paths[0]} and {paths[1]}")
+        paths, summary = render_history(args.history, args.out, args.threshold, args.alpha)
+        print_table(console, summary, "latest run of each suite and machine, against the run before it")
+        console.print(f"history report: {paths[0]} and {paths[1]}", markup=False)
         return 0
     if not args.results:
         raise BadInput("results: a results store is required (PATH or PATH::RUN_ID)")
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                    args.allow_cross_machine)
     if verdicts:
         print_verdicts(console, verdicts)
-    console.print(f"report: {paths[0]} and {paths[1]}")
+    console.print(f"report: {paths[0]} and {paths[1]}", markup=False)
     return code
 
 

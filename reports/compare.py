@@ -15,9 +15,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="results of the first machine: PATH or PATH::RUN_ID")
     parser.add_argument("b", metavar="B", help="results of the second machine: PATH or PATH::RUN_ID")
     parser.add_argument("--label", action="append", default=[], metavar="SIDE=NAME",
-                        help="a name for a side, e.g. --label A=rtx4090 --label B=h100x4")
+                        help="a name for a side, e.g. --label A=rtx4090 --label B=h100x4 (default: A and B)")
     parser.add_argument("--price", action="append", default=[], metavar="SIDE=PER_HOUR",
-                        help="the machine's hourly price, e.g. --price A=0.35; adds steps per dollar")
+                        help="the machine's price per hour, e.g. --price A=0.35; adds steps per dollar "
+                             "(default: none)")
     parser.add_argument("--out", default="compare", metavar="DIR",
                         help="where report.md and report.html go (default: ./compare)")
 
@@ -46,15 +47,20 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from reports.comparison import build
-    from reports.page import write
+    from benches.sweep import default_console
+    from reports.comparison import build, summary
+    from reports.render import print_table, write_report
     from reports.results import load
 
     labels = {"A": "A", "B": "B", **parse_sides(args.label, "label")}
     prices = parse_prices(args.price)
     runs = {"A": load(args.a, "A"), "B": load(args.b, "B")}
-    paths = write(build(runs, labels, prices), args.out)
-    Console().print(f"comparison: {paths[0]} and {paths[1]}")
+    paths = write_report(build(runs, labels, prices), args.out)
+    console = default_console()
+    table = summary(runs, labels)
+    if table.empty:
+        console.print("no configuration was measured successfully on both machines", markup=False)
+    else:
+        print_table(console, table, f"median steady SPS, {labels['A']} vs {labels['B']}")
+    console.print(f"comparison: {paths[0]} and {paths[1]}", markup=False)
     return 0

@@ -39,6 +39,15 @@ def side_points(run: RunData) -> dict[str, dict]:
     return points
 
 
+def summary(runs: dict[str, RunData], labels: dict[str, str]) -> pd.DataFrame:
+    """The terminal's view: median SPS on each machine for every configuration measured on both."""
+    a_points, b_points = side_points(runs["A"]), side_points(runs["B"])
+    a, b = labels["A"], labels["B"]
+    return pd.DataFrame([{"point": left["label"], f"SPS {a}": fmt_sps(left["sps"]),
+                          f"SPS {b}": fmt_sps(right["sps"]), f"{b} / {a}": f"{right['sps'] / left['sps']:.2f}×"}
+                         for key, left in a_points.items() if (right := b_points.get(key)) is not None])
+
+
 def build(runs: dict[str, RunData], labels: dict[str, str], prices: dict[str, float]) -> Report:
     a_points, b_points = side_points(runs["A"]), side_points(runs["B"])
     matched = [(a_points[key], b_points[key]) for key in a_points if key in b_points]

@@ -9,9 +9,9 @@ import pandas as pd
 
 from benches.store import Store
 from reports import figures
-from reports.page import Report, Section, write
+from reports.page import Report, Section
 from reports.criteria import check_criteria
-from reports.render import fmt_change
+from reports.render import fmt_change, write_report
 from reports.results import RunData, load_run, point_table
 from reports.verdicts import judge
 from rlperf.errors import BadInput
@@ -19,7 +19,9 @@ from rlperf.errors import BadInput
 FINISHED = ("complete", "interrupted")
 
 
-def render_history(store_path: str, out_dir: str, threshold: float, alpha: float) -> tuple[str, str]:
+def render_history(store_path: str, out_dir: str, threshold: float,
+                   alpha: float) -> tuple[tuple[str, str], pd.DataFrame]:
+    """Writes the history report; returns its paths and a summary (one row per suite and machine)."""
     check_criteria(threshold, alpha)
     try:
         store = Store.open(store_path, readonly=True)
@@ -29,17 +31,29 @@ def render_history(store_path: str, out_dir: str, threshold: float, alpha: float
     runs = runs[runs["status"].isin(FINISHED)]
     if runs.empty:
         raise BadInput(f"history: {store_path} holds no finished runs")
-    sections = []
+    sections, summary = [], []
     for (suite, machine_key), group in runs.groupby(["suite", "machine_key"], sort=False):
         loaded = [load_run(store, run_id, "history") for run_id in group["run_id"]]
-        sections.append(trend_section(suite, machine_key, loaded, threshold, alpha))
+        section, rows = trend_section(suite, machine_key, loaded, threshold, alpha)
+        sections.append(section)
+        latest = rows[-1]
+        summary.append({"suite": suite, "machine": section.title.partition(" · ")[2], "runs": len(rows),
+                        "latest run": latest["run"], "commit": latest["commit"],
+                        "regressed in it": latest["regressed"]})
     report = Report(f"rlperf history · {store_path}",
                     f"{len(runs)} finished runs; each judged against the previous run of the same suite on the "
                     f"same machine (threshold {threshold:.0%}, alpha {alpha:g})", sections)
-    return write(report, out_dir)
+    return write_report(report, out_dir), pd.DataFrame(summary)
 
 
-def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: float, alpha: float) -> Section:
+def run_tick(run: RunData) -> str:
+    """A run's x label: its commit and start time, so two runs of one commit stay apart."""
+    started = str(run.info["started_at"])
+    return f"{run.commit[:7]} {started[5:10]} {started[11:19]}"
+
+
+def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: float,
+                  alpha: float) -> tuple[Section, list[dict]]:
     trend, rows = [], []
     previous = None
     for order, run in enumerate(runs):
@@ -48,7 +62,7 @@ def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: 
         regressed = {v.point: v for v in verdicts if v.status == "regressed"}
         for point in point_table(run).itertuples():
             if np.isfinite(point.sps_median):
-                trend.append({"label": point.label, "order": order, "commit": run.commit[:7],
+                trend.append({"label": point.label, "order": order, "commit": run_tick(run),
                               "sps": point.sps_median, "regressed": point.label in regressed})
         rows.append({
             "run": run.run_id, "commit": run.commit, "started": run.info["started_at"],
@@ -62,5 +76,6 @@ def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: 
             "point regressed against the run before it."]
     trend_frame = pd.DataFrame(trend)
     svgs = [figures.history(trend_frame)] if not trend_frame.empty else []
-    return Section(f"{suite} · {runs[-1].fingerprint.get('hostname') or machine_key}", text, [pd.DataFrame(rows)],
-                   svgs)
+    section = Section(f"{suite} · {runs[-1].fingerprint.get('hostname') or machine_key}", text, [pd.DataFrame(rows)],
+                      svgs)
+    return section, rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,8 +12,9 @@ from reports import figures
 from reports.page import Report, Section, write
 from reports.results import RunData, load, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
-from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, judge, judge_point, point_label, tally
-from rlperf.errors import BadInput
+from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point,
+                              point_label, tally)
+from rlperf.errors import BadInput, fault, output_dir
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
 # hashes the same ones).
@@ -81,13 +83,7 @@ def run_header(run: RunData) -> str:
 
 def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: RunData, threshold: float,
                     alpha: float) -> Section:
-    units = sorted({v.unit for v in verdicts if v.unit})
-    unit_text = {"repeat": "one value per repeat (process)",
-                 "epoch": "the steady epochs of all repeats pooled (too few repeats for the test on its own)"}
-    text = [f"Baseline: {run_header(baseline)}.",
-            f"A point counts as regressed or improved only when its median steps per second moved by more than "
-            f"{threshold:.0%} and a two-sided Mann–Whitney U test gives p < {alpha:g}; samples tested: "
-            + ("; ".join(unit_text[u] for u in units) if units else "none") + "."]
+    text = [f"Baseline: {run_header(baseline)}.", verdict_rule_text(threshold, alpha)]
     if baseline.info["machine_key"] != candidate.info["machine_key"]:
         differences = comparability_differences(baseline.fingerprint, candidate.fingerprint)
         text.append("Warning: the baseline was measured on another machine (--allow-cross-machine): "
@@ -103,12 +99,27 @@ def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: 
             "point": verdict.point, "status": verdict.status,
             "baseline SPS": fmt_sps(sps.baseline) if sps else "–",
             "SPS": fmt_sps(sps.candidate) if sps else "–",
-            "change": fmt_change(sps.relative) if sps else "–",
-            "p": fmt_p(sps.p_value) if sps else "–",
-            "samples (base/new)": f"{sps.n_baseline}/{sps.n_candidate} {verdict.unit}s" if sps else "–",
+            "change": f"{fmt_change(sps.relative)} {fmt_interval(sps)}" if sps else "–",
+            "p beyond ±threshold": fmt_p(sps.p_value) if sps else "–",
+            "detects": fmt_detectable(verdict.detectable) if sps else "–",
+            "repeats (base/new)": f"{sps.n_baseline}/{sps.n_candidate}" if sps else "–",
             "phases that grew": grew, "phases that shrank": shrank, "note": verdict.reason,
         })
     return Section("Verdict against the baseline", text, [pd.DataFrame(rows)])
+
+
+def verdict_rule_text(threshold: float, alpha: float) -> str:
+    return (f"Each point's change is the Hodges–Lehmann shift of its repeats' steady SPS (one value per process, "
+            f"on a log scale) with its exact {1 - alpha:.0%} Mann–Whitney confidence interval. Regressed or "
+            f"improved: the whole interval lies beyond ±{threshold:.0%}, and the claim survives "
+            f"Benjamini–Hochberg over all compared points at {alpha:g}. Unchanged: the whole interval lies within "
+            f"±{threshold:.0%}. Inconclusive: the interval reaches across the band; the note says why and about "
+            f"how many repeats a side would decide it. Repeats run on a contended machine are left out. "
+            f"'detects' is the smallest slowdown these repeats would catch 95% of the time, given their noise.")
+
+
+def fmt_detectable(fraction: float) -> str:
+    return "none (too few repeats)" if not np.isfinite(fraction) else f"≥ {fraction:.0%}"
 
 
 def sps_section(table: pd.DataFrame) -> Section:
@@ -161,6 +172,10 @@ def fmt_phase_changes(changes: list) -> str:
                      for phase, change in changes)
 
 
+KNOB_OUTCOMES = {"improved": "faster", "regressed": "slower", "unchanged": "no clear change",
+                 "inconclusive": "can't tell"}
+
+
 def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None:
     ok = run.points[run.points["status"] == "ok"]
     measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
@@ -169,26 +184,29 @@ def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None
         reference = reference_point(point_key, measured)
         if reference is None:
             continue
-        status, sps, _, grew, shrank = judge_point(run.samples[run.samples["point_key"] == point_key],
-                                                   run.samples[run.samples["point_key"] == reference],
-                                                   threshold, alpha)
+        verdict = judge_point(run.samples[run.samples["point_key"] == point_key],
+                              run.samples[run.samples["point_key"] == reference], threshold, alpha)
+        sps, grew, shrank = verdict.sps, verdict.phases_grew, verdict.phases_shrank
+        if sps is None:
+            continue
         # as for growth, a saving under 2% of the step explains nothing
         shrank = [(phase, change) for phase, change in shrank
                   if change.baseline - change.candidate >= MIN_PHASE_GROWTH_SHARE / sps.baseline]
         added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
         rows.append({
             "knobs": point_label(json.dumps(added)), "compared with": point_label(reference),
-            "SPS": f"{fmt_sps(sps.baseline)} → {fmt_sps(sps.candidate)}", "change": fmt_change(sps.relative),
-            "verdict": {"improved": "faster", "regressed": "slower", "unchanged": "no clear change"}[status],
-            "p": fmt_p(sps.p_value), "phases that shrank (per step)": fmt_phase_changes(shrank),
+            "SPS": f"{fmt_sps(sps.baseline)} → {fmt_sps(sps.candidate)}",
+            "change": f"{fmt_change(sps.relative)} {fmt_interval(sps)}",
+            "verdict": KNOB_OUTCOMES[verdict.status], "p": fmt_p(sps.p_value), "phases that shrank (per step)": fmt_phase_changes(shrank),
             "phases that grew (per step)": fmt_phase_changes(grew),
         })
     if not rows:
         return None
     text = [f"Each point is compared with the point of this run that sets only some of its values and nothing "
-            f"else (for a knob swept alone: the baseline at the same batch size). As for regressions, a change "
-            f"counts when the median moved by more than {threshold:.0%} and a two-sided Mann–Whitney U test gives "
-            f"p < {alpha:g}; the phases show where a knob saved or cost time, in microseconds per agent step."]
+            f"else (for a knob swept alone: the baseline at the same batch size), by the same rule as regressions "
+            f"(faster or slower: the {1 - alpha:.0%} interval of the change lies beyond ±{threshold:.0%}; no clear "
+            f"change: it lies within; can't tell: it reaches across). The phases show where a knob saved or cost "
+            f"time, in microseconds per agent step."]
     return Section("What each knob changed", text, [pd.DataFrame(rows)])
 
 
@@ -391,6 +409,35 @@ def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshol
         baseline = load(baseline_spec, field="baseline")
         check_baseline(candidate, baseline, allow_cross_machine)
     report, verdicts = build(candidate, baseline, threshold, alpha)
-    paths = write(report, out_dir)
+    paths = write_report(report, out_dir)
     return exit_code(verdicts), verdicts, paths
+
+
+def write_report(report: Report, out_dir: str) -> tuple[str, str]:
+    """Writes report.md and report.html into `out_dir` (the --out of every report command). A file there is
+    bad input; a directory the machine cannot write to is a fault, after which no half-written report and
+    no directory created for it remain."""
+    existed = Path(out_dir).is_dir()
+    output_dir(out_dir, "out")
+    try:
+        return write(report, out_dir)
+    except OSError as exc:
+        for name in ("report.md", "report.html"):
+            (Path(out_dir) / name).unlink(missing_ok=True)
+        if not existed:
+            Path(out_dir).rmdir()
+        raise fault(out_dir, exc) from None
+
+
+def print_table(console, frame: pd.DataFrame, title: str) -> None:
+    """A small table on the terminal; cells are text, never markup (labels come from results)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title)
+    for column in frame.columns:
+        table.add_column(str(column))
+    for row in frame.itertuples(index=False):
+        table.add_row(*(Text(str(value)) for value in row))
+    console.print(table)
 

@@ -49,6 +49,9 @@ def load_run(store: Store, run_id: str, field: str = "results") -> RunData:
     info = store.runs().set_index("run_id").loc[run_id].to_dict()
     points = store.points(run_id)
     collectives = store.collectives(run_id)
+    if points.empty and collectives.empty and info["status"] == "running":
+        raise BadInput(f"{field}: run {run_id} in {store.path} is still running and has no point stored yet; "
+                       "report it once it has finished")
     if points.empty and collectives.empty:
         raise BadInput(f"{field}: run {run_id} in {store.path} is empty (no points were measured)")
     return RunData(str(store.path), run_id, info, store.fingerprint(run_id), points, store.samples(run_id),
