@@ -3,6 +3,7 @@
 import gzip
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -89,16 +90,22 @@ def test_a_known_sample_and_a_phase_boundary_land_on_the_trace_clock(profiled, t
     rows = [(learn_start_ns, "probe", "known", 42.0)]
     check = merge_timeline(trace_path, rows, timeline)
     trace = trace_events.load(trace_path)
-    learn_range = min((e for e in trace_events.complete_events(trace, "user_annotation") if e["name"] == "learn"),
-                      key=lambda e: e["ts"])
     known = next(e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "known")
-    # the range opens right after the timer reads the clock; tens of microseconds apart at most
-    assert abs(known["ts"] - learn_range["ts"]) < 500
+    # the sample lands exactly where the base conversion puts its unix time
+    assert known["ts"] == pytest.approx((learn_start_ns - trace["baseTimeNanoseconds"]) / 1000, abs=0.01)
     assert known["args"] == {"value": 42.0}
-    track_learn = min((e for e in trace_events.complete_events(trace, "rlperf_phase") if e["name"] == "learn"),
-                      key=lambda e: e["ts"])
-    assert abs(track_learn["ts"] - learn_range["ts"]) < 500
+    # and that clock agrees with the trace's: each range opens right after the timer reads the clock, tens
+    # of microseconds apart, though a busy machine may preempt the trainer in between for one range, so
+    # the agreement is judged on the median over every phase range
     assert not check["corrected"] and abs(check["median_offset_us"]) < 500
+    offsets = []
+    for phase in PHASES:
+        ranges = sorted(e["ts"] for e in trace_events.complete_events(trace, "user_annotation") if e["name"] == phase)
+        # `rlperf profile` merged the phase track once already; this merge adds the same slices again
+        slices = sorted({e["ts"] for e in trace_events.complete_events(trace, "rlperf_phase") if e["name"] == phase})
+        assert len(slices) == len(ranges), phase
+        offsets += [abs(a - b) for a, b in zip(slices, ranges)]
+    assert statistics.median(offsets) < 500
 
 
 def test_a_wrong_trace_base_is_detected_and_corrected(profiled, tmp_path):
@@ -113,9 +120,11 @@ def test_a_wrong_trace_base_is_detected_and_corrected(profiled, tmp_path):
     learn_start_ns = next(start for phase, start, _ in timeline if phase == "learn")
     merge_timeline(trace_path, [(learn_start_ns, "probe", "known", 1.0)], timeline)
     merged = trace_events.load(trace_path)
-    learn_ts = min(e["ts"] for e in trace_events.complete_events(merged, "user_annotation") if e["name"] == "learn")
     known = next(e for e in merged["traceEvents"] if e["ph"] == "C" and e["name"] == "known")
-    assert abs(known["ts"] - learn_ts) < 500
+    # the correction is the median offset over every range (5 s here), applied to every sample
+    shift_us = clock_check(trace, timeline)["median_offset_us"]
+    assert abs(shift_us - 5_000_000) < 500
+    assert known["ts"] == pytest.approx((learn_start_ns - trace["baseTimeNanoseconds"]) / 1000 + shift_us, abs=0.01)
 
 
 def test_pyspy_that_cannot_run_leaves_a_message_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
