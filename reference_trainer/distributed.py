@@ -27,16 +27,23 @@ from rlperf.ports import free_local_port
 HEARTBEAT_DIR = "RLPERF_HEARTBEAT_DIR"
 POLL_SECONDS = 0.2
 STARTUP_GRACE_SECONDS = 60.0  # importing torch and meeting the other ranks, before the first beat
+PORT_ATTEMPTS = 4  # the rendezvous port is free when picked, but another process may take it before rank 0 binds it
+PORT_TAKEN = ("address already in use", "eaddrinuse")
 
 
 class RankFailed(RuntimeError):
     """A rank died or hung; the message names it."""
 
 
+class PortTaken(RankFailed):
+    """A rank could not bind the rendezvous port: another process took it after the launcher picked it."""
+
+
 class Heartbeat:
     """How far a rank has got (a count of beats) and when it last moved, in a small shared file the
     launcher reads. Beats come at every rollout step, every minibatch and before every collective, so
-    one costs next to nothing: a store into a memory map, no system call."""
+    one costs next to nothing: a store into a memory map, no system call. The file starts at count 0,
+    which is not a beat: until the first one the rank is still starting up."""
 
     FORMAT = "qd"
 
@@ -70,14 +77,14 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     import torch.distributed as dist
 
     from reference_trainer.cli import run_with_progress
-    from reference_trainer.train import Rank
+    from reference_trainer.train import Rank, training_device
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
         raise BadInput(f"world_size: the launcher started {world} ranks but world_size is {cfg.world_size}")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if cfg.is_cuda:
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(training_device(cfg, local_rank))  # before nccl, which binds to the current GPU
     elif not cfg.threads:
         # Ranks on one machine each taking every core oversubscribe the CPU; give each its share.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
@@ -85,14 +92,11 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     # before its peers give up waiting in a collective and exit with errors of their own.
     dist.init_process_group("nccl" if cfg.is_cuda else "gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=2 * cfg.rank_timeout))
-    me = Rank(rank, world)
+    me = Rank(rank, world, local_rank)
     if HEARTBEAT_DIR in os.environ:
         me.beat = Heartbeat(Path(os.environ[HEARTBEAT_DIR]) / f"rank{rank}.beat").beat
     try:
-        rank_cfg = cfg
-        if cfg.is_cuda:
-            rank_cfg = TrainConfig(**{**cfg.to_dict(), "device": f"cuda:{local_rank}"})
-        summary = run_with_progress(rank_cfg, quiet or rank != 0, me, save_policy)
+        summary = run_with_progress(cfg, quiet or rank != 0, me, save_policy)
         mine = {"rank": rank, "sps": summary["sps"], "phases": summary["phases"],
                 "device_name": summary["device_name"]}
         everyone: list[dict | None] = [None] * world
@@ -109,42 +113,54 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
 
 
 def launch(cfg: TrainConfig, save_policy: str) -> dict:
-    """Starts one process per rank on this machine and returns rank 0's summary."""
+    """Starts one process per rank on this machine and returns rank 0's summary. A rendezvous port taken
+    by another process between picking and binding it costs one more attempt on a new port."""
+    with tempfile.TemporaryDirectory(prefix="rlperf-ranks-") as tmp:
+        attempt = 0
+        while True:
+            attempt_dir = Path(tmp) / f"attempt{attempt}"  # fresh heartbeats: old ones would read as stalls
+            attempt_dir.mkdir()
+            try:
+                return run_ranks(cfg, save_policy, attempt_dir, free_local_port())
+            except PortTaken:
+                attempt += 1
+                if attempt == PORT_ATTEMPTS:
+                    raise
+
+
+def run_ranks(cfg: TrainConfig, save_policy: str, tmp: Path, port: int) -> dict:
     from reference_trainer.cli import to_args
 
-    with tempfile.TemporaryDirectory(prefix="rlperf-ranks-") as tmp:
-        summary_path = Path(tmp) / "summary.json"
-        env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
-               "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_local_port()), HEARTBEAT_DIR: tmp}
-        ranks = []
+    summary_path = tmp / "summary.json"
+    env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), HEARTBEAT_DIR: str(tmp)}
+    ranks = []
+    try:
         for rank in range(cfg.world_size):
             args = [sys.executable, "-m", "rlperf", "train", *to_args(cfg.to_dict()), "--quiet"]
             if rank == 0:
                 args += ["--json", str(summary_path)] + (["--save-policy", save_policy] if save_policy else [])
-            log = open(Path(tmp) / f"rank{rank}.log", "w")
-            ranks.append(subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=log))
-            log.close()
-        try:
-            watch(ranks, Path(tmp), cfg.rank_timeout)
-        finally:
-            for proc in ranks:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-        return json.loads(summary_path.read_text())
+            with open(tmp / f"rank{rank}.log", "w") as log:
+                ranks.append(subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                              stderr=log))
+        watch(ranks, tmp, cfg.rank_timeout)
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return json.loads(summary_path.read_text())
 
 
-def describe_behind(ranks: list[subprocess.Popen], progress: dict[int, tuple[int, float] | None],
-                    codes: list[int | None]) -> str:
+def ranks_behind(ranks: list[subprocess.Popen], progress: dict[int, tuple[int, float] | None],
+                 codes: list[int | None]) -> list[int]:
     """The rank(s) that got least far. Ranks with equal progress may all sit in one collective, the
     stuck one indistinguishable from those waiting for it, unless the operating system says it is stopped."""
     counts = {rank: beat[0] if beat else -1 for rank, beat in progress.items() if codes[rank] is None}
     lowest = min(counts.values())
     behind = [rank for rank, count in counts.items() if count == lowest]
     stopped = [rank for rank in behind if psutil_status(ranks[rank].pid) == "stopped"]
-    behind = stopped or behind
-    return f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+    return stopped or behind
 
 
 def psutil_status(pid: int) -> str | None:
@@ -162,25 +178,29 @@ def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) ->
     When one rank dies or hangs its peers stop too, in their next collective. Among ranks that exited
     badly in the same poll, one killed by a signal is blamed before one that exited with an error. When
     ranks go silent, the one that got least far is blamed: its peers went on into a collective (a beat)
-    and wait there for it."""
+    and wait there for it. A rank is silent from its last beat, or from the start while it has not beaten
+    yet, and then the start-up grace applies instead of the timeout."""
     started = time.time()
     while True:
         codes = [proc.poll() for proc in ranks]
         failed = sorted((code > 0, rank, code) for rank, code in enumerate(codes) if code not in (None, 0))
         if failed:
+            logs = {rank: (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace") for _, rank, _ in failed}
             _, rank, code = failed[0]
-            log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
-            last_line = log.strip().splitlines()[-1:] or ["no message"]
-            raise RankFailed(f"rank {rank} exited with code {code} ({last_line[0]})")
+            last_line = logs[rank].strip().splitlines()[-1:] or ["no message"]
+            port_taken = any(sign in log.lower() for log in logs.values() for sign in PORT_TAKEN)
+            raise (PortTaken if port_taken else RankFailed)(f"rank {rank} exited with code {code} ({last_line[0]})")
         if all(code == 0 for code in codes):
             return
         now = time.time()
         progress = {rank: Heartbeat.read(heartbeat_dir / f"rank{rank}.beat") for rank in range(len(ranks))}
-        stalled = any(
-            code is None and (now - beat[1] > timeout if beat else now - started > max(timeout, STARTUP_GRACE_SECONDS))
-            for code, beat in zip(codes, progress.values())
-        )
-        if stalled:
-            raise RankFailed(f"{describe_behind(ranks, progress, codes)} made no progress for {timeout:g} s "
-                             "(rank_timeout)")
+        beaten = {rank: beat is not None and beat[0] > 0 for rank, beat in progress.items()}
+        silence = {rank: now - (progress[rank][1] if beaten[rank] else started)
+                   for rank in progress if codes[rank] is None}
+        limit = {rank: timeout if beaten[rank] else max(timeout, STARTUP_GRACE_SECONDS) for rank in silence}
+        if any(silence[rank] > limit[rank] for rank in silence):
+            behind = ranks_behind(ranks, progress, codes)
+            quietest = min(silence[rank] for rank in behind)
+            names = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+            raise RankFailed(f"{names} made no progress for {quietest:.1f} s (rank_timeout {timeout:g} s)")
         time.sleep(POLL_SECONDS)

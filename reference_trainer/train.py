@@ -39,11 +39,13 @@ def no_progress_report() -> None:
 
 @dataclass
 class Rank:
-    """Where this process sits among the ranks: its share of the environments, its collectives, and
-    `beat`, called as work progresses so a launcher can tell a hung rank from a waiting one."""
+    """Where this process sits among the ranks: its share of the environments, its GPU (`local_rank`, its
+    index on this machine), its collectives, and `beat`, called as work progresses so a launcher can tell
+    a hung rank from a waiting one."""
 
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
     beat: Callable[[], None] = no_progress_report
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -68,6 +70,34 @@ def versions() -> dict[str, str | None]:
         "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
         "nccl": nccl,
     }
+
+
+def rank_device(requested: str, local_rank: int) -> str:
+    """The device one rank trains on. `cuda` and `cuda:N` name the first GPU of this machine's ranks and
+    local rank r takes the r-th one after it, so `cuda:2` with two ranks uses GPUs 2 and 3 (the GPUs the
+    bench probe and sampler assign to the point). The config keeps the device as requested."""
+    if requested == "cpu":
+        return "cpu"
+    return f"cuda:{int(requested.partition(':')[2] or 0) + local_rank}"
+
+
+def training_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    """This rank's device, checked before anything creates a CUDA context."""
+    name = rank_device(cfg.device, local_rank)
+    if name == "cpu":
+        return torch.device(name)
+    if not torch.cuda.is_available():
+        raise ConfigError("device", f"{cfg.device} requested but CUDA is not available (allowed here: cpu)")
+    index, visible = torch.device(name).index, torch.cuda.device_count()
+    if index >= visible:
+        raise ConfigError("device", f"{cfg.device} with local rank {local_rank} needs GPU {index}, but {visible} "
+                                    f"are visible (allowed: cuda:0 to cuda:{visible - 1})")
+    return torch.device(name)
+
+
+def trace_file_name(rank: int) -> str:
+    """Rank 0 writes the trace the profiling tools read; every other rank writes its own beside it."""
+    return "trace.json.gz" if rank == 0 else f"trace.rank{rank}.json.gz"
 
 
 def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -107,14 +137,36 @@ def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages
 
 
 def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None,
-          save_policy: str = "") -> dict:
+          save_policy: str = "", copy_delay_cycles: int = 0) -> dict:
+    """Trains with `cfg` and returns the run's summary (docs/results-format.md).
+
+    `copy_delay_cycles` is a test hook, never set when measuring: on CUDA it spins the stream of every
+    rollout copy for that many GPU cycles just before the copy, so that a consumer that does not wait for
+    its copy reads stale data and changes the losses (tests/test_gpu_knobs.py). Refused on a CPU."""
     rank = rank or Rank()
     process_start = time.perf_counter()
-    device = torch.device(cfg.device)
-    if cfg.is_cuda:
-        if not torch.cuda.is_available():
-            raise ConfigError("device", f"{cfg.device} requested but CUDA is not available (allowed here: cpu)")
+    if copy_delay_cycles < 0 or (copy_delay_cycles and not cfg.is_cuda):
+        raise ConfigError("copy_delay_cycles", f"is a test hook for CUDA copies: 0, or a positive number of "
+                                               f"cycles on a CUDA device (got {copy_delay_cycles} on {cfg.device})")
+    device = training_device(cfg, rank.local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
+    # A graphed run computes on a side stream from its first kernel, so the eager warm-up epochs and the
+    # capture run on one stream, as torch's CUDA-graph notes prescribe: state created lazily per stream
+    # (cuBLAS workspaces, autograd's stream bookkeeping) exists before capture instead of inside it.
+    compute_stream = torch.cuda.Stream(device) if cfg.cuda_graphs else None
+    if compute_stream is not None:
+        compute_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(compute_stream) if compute_stream is not None else contextlib.nullcontext():
+        summary = _train(cfg, device, rank, on_epoch, save_policy, copy_delay_cycles, compute_stream, process_start)
+    if compute_stream is not None:
+        torch.cuda.current_stream().wait_stream(compute_stream)
+    return summary
+
+
+def _train(cfg: TrainConfig, device: torch.device, rank: Rank, on_epoch: Callable[[dict], None] | None,
+           save_policy: str, copy_delay_cycles: int, compute_stream: torch.cuda.Stream | None,
+           process_start: float) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -264,7 +316,9 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     forward_fn, learn_fn = forward_loss, backward_step
 
     def capture_graphs() -> None:
-        """Replaces the eager steps and update with CUDA graphs, after eager warm-up epochs ran them.
+        """Replaces the eager steps and update with CUDA graphs, after eager warm-up epochs ran them on the
+        same stream (validate() refuses cuda_graphs without a warm-up epoch: Adam's state, created at its
+        first step, and compilation must not be captured).
 
         Capture records kernels without running them, so no state advances here. The update is two graphs
         (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
@@ -272,12 +326,12 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         nonlocal step_fns, forward_fn, learn_fn
         step_graphs = [torch.cuda.CUDAGraph() for _ in step_fns]
         for graph, step_fn in zip(step_graphs, step_fns):
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=compute_stream):
                 step_fn()
         forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(forward_graph):
+        with torch.cuda.graph(forward_graph, stream=compute_stream):
             forward_fn()
-        with torch.cuda.graph(learn_graph, pool=forward_graph.pool()):
+        with torch.cuda.graph(learn_graph, pool=forward_graph.pool(), stream=compute_stream):
             learn_fn()
         step_fns = [graph.replay for graph in step_graphs]
         forward_fn, learn_fn = forward_graph.replay, learn_graph.replay
@@ -285,8 +339,10 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     # --- the loop ------------------------------------------------------------------------------------
     timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
     profiler = None
-    if cfg.trace_dir:
-        profiler = start_profiler(cfg, device)
+
+    def delay_copy() -> None:
+        if copy_delay_cycles:
+            torch.cuda._sleep(copy_delay_cycles)  # the test hook of train()'s docstring
 
     def launch_step(group: int, t: int) -> None:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""
@@ -300,6 +356,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         v.logprobs[t].copy_(v.step_logprob)
         v.values[t].copy_(v.step_value)
         timer.enter("eval_copy")
+        delay_copy()
         v.host_actions.copy_(v.step_action, non_blocking=nb)
         if nb:
             actions_ready[group].record()
@@ -320,6 +377,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         v.host_rewards[slot].numpy()[:] = rewards
         v.host_dones[slot].numpy()[:] = dones
         with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
+            delay_copy()
             v.obs[t + 1].copy_(v.host_obs[slot], non_blocking=nb)
             v.rewards[t].copy_(v.host_rewards[slot], non_blocking=nb)
             v.dones[t].copy_(v.host_dones[slot], non_blocking=nb)
@@ -339,13 +397,17 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 
     for epoch in range(cfg.num_epochs):
         if epoch == cfg.warmup_epochs:
-            capture_start = time.perf_counter()
+            # Capture, then the profiler, then the steady clock: capture's launches are never traced, and
+            # neither is charged to a steady epoch.
             if cfg.cuda_graphs:
+                capture_start = time.perf_counter()
                 capture_graphs()
-            compile_seconds += time.perf_counter() - capture_start
+                compile_seconds += time.perf_counter() - capture_start
+            if cfg.trace_dir:
+                profiler = start_profiler(cfg, device, rank.rank)
             warmup_end = time.perf_counter()
             steady_start_ns = time.time_ns()
-        traced = profiler is not None and cfg.warmup_epochs <= epoch < cfg.warmup_epochs + cfg.trace_epochs
+        traced = profiler is not None and epoch < cfg.warmup_epochs + cfg.trace_epochs
         timer.trace_ranges = timer.record_timeline = traced
         timer.start_epoch()
 
@@ -439,7 +501,9 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     return summary
 
 
-def start_profiler(cfg: TrainConfig, device: torch.device):
+def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
+    """Starts recording the next `trace_epochs` epochs. The profiler's warm-up step is taken here, outside
+    every epoch, so its start-up cost lands in no traced or timed epoch."""
     from pathlib import Path
 
     out = Path(cfg.trace_dir)
@@ -449,17 +513,17 @@ def start_profiler(cfg: TrainConfig, device: torch.device):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
     def export(prof) -> None:
-        path = out / "trace.json.gz"
+        path = out / trace_file_name(rank)
         prof.export_chrome_trace(str(path))
         prof.trace_path = str(path)
 
     profiler = torch.profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(wait=max(cfg.warmup_epochs - 1, 0), warmup=min(cfg.warmup_epochs, 1),
-                                         active=cfg.trace_epochs, repeat=1),
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.trace_epochs, repeat=1),
         on_trace_ready=export,
     )
     profiler.start()
+    profiler.step()
     return profiler
 
 

@@ -3,8 +3,11 @@ the compile-time accounting and the per-rank trace names. The CUDA behaviour its
 tests/test_gpu_knobs.py."""
 
 import pytest
+import torch
 
+from benches.probe import Machine
 from reference_trainer.config import ConfigError, TrainConfig, validate
+from reference_trainer.train import rank_device, trace_file_name, train, training_device
 
 SMALL = dict(env="synthetic", num_envs=8, horizon=4, minibatch_size=16, hidden_size=8, total_steps=96, threads=1)
 
@@ -15,3 +18,63 @@ def test_cuda_graphs_need_an_eager_warmup_epoch_before_capture():
         validate(cfg)
     assert refused.value.field_name == "warmup_epochs"
     validate(TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 1}))
+
+
+@pytest.mark.parametrize("requested, local_rank, expected", [
+    ("cpu", 3, "cpu"),
+    ("cuda", 0, "cuda:0"),  # torch.cuda.set_device refuses a device without an index
+    ("cuda", 3, "cuda:3"),
+    ("cuda:2", 0, "cuda:2"),
+    ("cuda:2", 1, "cuda:3"),  # an offset is kept for every rank: the GPUs the probe and sampler watch
+])
+def test_each_rank_trains_on_its_own_indexed_device(requested, local_rank, expected):
+    assert rank_device(requested, local_rank) == expected
+
+
+def test_the_probe_watches_the_gpus_the_ranks_use():
+    machine = Machine(torch="2.13.0", cuda="12.8", cudnn=None, nccl=None,
+                      gpus=[{"index": i, "name": "GPU", "uuid": f"GPU-{i}", "bf16": True} for i in range(4)])
+    config = {"device": "cuda:1", "world_size": 2}
+    used = [f"GPU-{torch.device(rank_device(config['device'], rank)).index}" for rank in range(2)]
+    assert machine.gpu_uuids(config) == used
+
+
+def test_a_cuda_device_without_cuda_is_refused_before_any_cuda_call(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+
+    def no_cuda_call(*args, **kwargs):
+        raise AssertionError("a CUDA call was made before the device was checked")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_cuda_call)
+    monkeypatch.setattr(torch.cuda, "Stream", no_cuda_call)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ConfigError) as refused:
+            train(validate(TrainConfig(**{**SMALL, "device": device})))
+        assert refused.value.field_name == "device" and "not available" in str(refused.value)
+
+
+def test_a_cuda_device_the_machine_lacks_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError) as refused:
+        training_device(validate(TrainConfig(**{**SMALL, "device": "cuda:1", "world_size": 2})), local_rank=1)
+    assert refused.value.field_name == "device" and "needs GPU 2, but 2 are visible" in str(refused.value)
+    assert training_device(validate(TrainConfig(**{**SMALL, "device": "cuda"})), local_rank=1) == torch.device("cuda:1")
+
+
+def test_the_copy_delay_hook_is_refused_on_a_cpu():
+    with pytest.raises(ConfigError) as refused:
+        train(validate(TrainConfig(**SMALL)), copy_delay_cycles=1000)
+    assert refused.value.field_name == "copy_delay_cycles"
+
+
+def test_nothing_compiled_or_captured_reports_no_compile_time():
+    summary = train(validate(TrainConfig(**SMALL)))
+    assert summary["compile_seconds"] == 0.0
+    assert summary["config"]["device"] == "cpu"
+
+
+def test_each_rank_writes_its_own_trace():
+    assert trace_file_name(0) == "trace.json.gz"  # the name rlperf profile reads and refuses to overwrite
+    assert len({trace_file_name(rank) for rank in range(8)}) == 8
