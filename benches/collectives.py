@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from benches.cli import DEFAULT_OUT, STORE_FILE, positive_float, positive_int
 from rlperf.errors import BadInput
-from rlperf.ports import free_local_port
+from rlperf.ports import PortTaken, port_taken, with_free_port
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 BACKENDS = ("gloo", "nccl")
@@ -215,11 +215,16 @@ def run_launcher(args: argparse.Namespace) -> int:
 
 
 def launch(settings: Settings, console) -> dict:
-    """Starts the rank processes, watches them, and returns rank 0's result."""
+    """Starts the rank processes, watches them, and returns rank 0's result; a rendezvous port taken by
+    another process in the meantime costs a retry on a fresh port."""
+    return with_free_port(lambda port: launch_on(port, settings, console))
+
+
+def launch_on(port: int, settings: Settings, console) -> dict:
     with tempfile.TemporaryDirectory(prefix="rlperf-collectives-") as tmp:
         workdir = Path(tmp)
         env = {**os.environ, "WORLD_SIZE": str(settings.world_size), "LOCAL_WORLD_SIZE": str(settings.world_size),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()), LAUNCH_DIR_ENV: tmp}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LAUNCH_DIR_ENV: tmp}
         ranks = []
         try:
             for rank in range(settings.world_size):
@@ -231,9 +236,15 @@ def launch(settings: Settings, console) -> dict:
                     ranks.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                                   stdout=log, stderr=subprocess.STDOUT))
             with console.status("starting ranks") as status:
-                watch(ranks, workdir, settings.rank_timeout,
-                      lambda stage, nbytes: status.update(f"{settings.world_size} {settings.backend} ranks: "
-                                                          f"{describe_stage(stage, nbytes)}"))
+                try:
+                    watch(ranks, workdir, settings.rank_timeout,
+                          lambda stage, nbytes: status.update(f"{settings.world_size} {settings.backend} ranks: "
+                                                              f"{describe_stage(stage, nbytes)}"))
+                except RankFailed:
+                    logs = [(workdir / f"rank{rank}.log").read_text(errors="replace") for rank in range(len(ranks))]
+                    if any(port_taken(log) for log in logs):
+                        raise PortTaken(port) from None
+                    raise
         finally:
             for proc in ranks:
                 if proc.poll() is None:
@@ -254,9 +265,16 @@ def describe_stage(stage: int, nbytes: int) -> str:
 
 def watch(ranks: list[subprocess.Popen], workdir: Path, timeout: float,
           on_progress: Callable[[int, int], None]) -> None:
-    """Returns when every rank exited cleanly; raises RankFailed when one exits badly or the job stalls."""
-    last_counts = [-1] * len(ranks)
-    last_change = time.monotonic()
+    """Returns when every rank exited cleanly; raises RankFailed when one exits badly or the job stalls.
+
+    The job stalls when no rank's count moves for `timeout` seconds, or for STARTUP_SECONDS while a rank is
+    still starting or joining. The grace period follows the ranks' stages, not their counts: the count the
+    launcher wrote when it created the heartbeat file is no beat, and a rank that has not joined yet is
+    still starting however long ago that file appeared."""
+    started = time.monotonic()
+    last_counts = [count for count, _, _ in (Heartbeat.read(workdir, rank) for rank in range(len(ranks)))]
+    # when each rank's count last moved; a rank that never beat has been silent since the launch
+    last_change = [started] * len(ranks)
     while True:
         codes = [proc.poll() for proc in ranks]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -267,15 +285,18 @@ def watch(ranks: list[subprocess.Popen], workdir: Path, timeout: float,
         if all(code == 0 for code in codes):
             return
         beats = [Heartbeat.read(workdir, rank) for rank in range(len(ranks))]
-        counts = [count for count, _, _ in beats]
         now = time.monotonic()
+        moved = False
+        for rank, (count, _, _) in enumerate(beats):
+            if count != last_counts[rank]:
+                last_counts[rank], last_change[rank] = count, now
+                moved = True
+        if moved:
+            on_progress(*beats[0][1:])
         starting = any(stage <= JOINING for _, stage, _ in beats)
         limit = max(timeout, STARTUP_SECONDS) if starting else timeout
-        if counts != last_counts:
-            last_counts, last_change = counts, now
-            on_progress(*beats[0][1:])
-        elif now - last_change > limit:
-            raise RankFailed(stall_text(beats, codes, limit))
+        if now - max(last_change) > limit:
+            raise RankFailed(stall_text(beats, codes, limit, [now - change for change in last_change]))
         time.sleep(POLL_SECONDS)
 
 
@@ -290,19 +311,21 @@ def exit_text(rank: int, code: int, workdir: Path) -> str:
     return f"rank {rank} exited with code {code} ({lines[-1].strip() if lines else 'no message'})"
 
 
-def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], limit: float) -> str:
+def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], limit: float,
+               silences: list[float]) -> str:
     """Ranks that entered fewer collectives than the others are the ones holding the job up; when all
-    entered the same number, every rank is stuck inside the same collective."""
+    entered the same number, every rank is stuck inside the same collective. The silence stated is the
+    named ranks' own, measured, not the limit it passed."""
     running = [rank for rank, code in enumerate(codes) if code is None]
     fewest = min(beats[rank][0] for rank in running)
     behind = [rank for rank in running if beats[rank][0] == fewest]
     where = describe_stage(*beats[behind[0]][1:])
     names = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+    silent = f"made no progress for {min(silences[rank] for rank in behind):.1f} s (rank_timeout {limit:g} s)"
     if len(behind) < len(running):
         others = max(running, key=lambda rank: beats[rank][0])
-        return (f"{names} made no progress for {limit:g} s (rank_timeout) at {where}; the other ranks wait in "
-                f"{describe_stage(*beats[others][1:])}")
-    return f"{names} made no progress for {limit:g} s (rank_timeout), all inside {where}"
+        return f"{names} {silent} at {where}; the other ranks wait in {describe_stage(*beats[others][1:])}"
+    return f"{names} {silent}, all inside {where}"
 
 
 class Heartbeat:

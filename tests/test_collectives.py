@@ -1,6 +1,7 @@
 """`rlperf collectives` on CPU with two gloo ranks: sane stored numbers that the report renders, bad input
-refused in one line, a killed or stopped rank failing the run in time with its name, torchrun's two-node
-rendezvous, and nccl on a GPU when there is one."""
+refused in one line, a killed or stopped rank failing the run in time with its name, slow starts allowed,
+a taken rendezvous port retried, torchrun's two-node rendezvous, and nccl on a GPU when there is one.
+Nothing here waits a fixed time for a process: the tests wait for heartbeats and exits."""
 
 from __future__ import annotations
 
@@ -12,14 +13,19 @@ import statistics
 import subprocess
 import sys
 import time
+from io import StringIO
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+from rich.console import Console
 
-from benches.collectives import (FIRST_OP_STAGE, LAUNCH_DIR_ENV, OPS, Heartbeat, bus_factor, element_counts)
+import rlperf.ports as ports
+from benches.collectives import (FIRST_OP_STAGE, LAUNCH_DIR_ENV, OPS, STARTUP_SECONDS, Heartbeat, RankFailed,
+                                 Settings, bus_factor, element_counts, launch)
 from benches.store import Store
+from rlperf.ports import PortTaken, port_taken, with_free_port
 
 COLLECTIVES = [sys.executable, "-m", "rlperf", "collectives"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -152,14 +158,14 @@ def assert_ranks_gone(pids: list[int]) -> None:
 
 
 def test_a_killed_rank_fails_the_run_in_time_and_is_named(tmp_path):
-    launcher = start_long_run(tmp_path)
+    # The exit is seen at once, not after a stall: with a rank timeout of 10 minutes, failing within the
+    # 2 minutes this test waits can only come from the dead rank's exit status.
+    launcher = start_long_run(tmp_path, "--rank-timeout", "600")
     try:
         victim = measuring_rank(launcher, 1)
         peers = [child.pid for child in psutil.Process(launcher.pid).children()]
         victim.kill()
-        killed_at = time.monotonic()
-        _, stderr = launcher.communicate(timeout=30)
-        assert time.monotonic() - killed_at < 5
+        _, stderr = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
     assert launcher.returncode == 1
@@ -170,44 +176,111 @@ def test_a_killed_rank_fails_the_run_in_time_and_is_named(tmp_path):
         assert store.row_counts()["runs"] == 0  # nothing half-measured is stored
 
 
+RANK_TIMEOUT = 8.0  # long enough that a healthy rank descheduled on a busy machine is not named
+
+
 def test_a_stopped_rank_fails_the_run_after_rank_timeout(tmp_path):
-    launcher = start_long_run(tmp_path, "--rank-timeout", "2")
+    launcher = start_long_run(tmp_path, "--rank-timeout", f"{RANK_TIMEOUT:g}")
     try:
         victim = measuring_rank(launcher, 1)
         peers = [child.pid for child in psutil.Process(launcher.pid).children()]
         victim.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
-        _, stderr = launcher.communicate(timeout=30)
+        _, stderr = launcher.communicate(timeout=120)
         waited = time.monotonic() - stopped_at
     finally:
         launcher.kill()
-    assert 1.5 <= waited < 10
     assert launcher.returncode == 1 and len(stderr.strip().splitlines()) == 1
     # Stopped between collectives, rank 1 is behind and named alone; stopped inside one, its peer waits in
-    # the same collective and both are named.
-    assert re.match(r"rlperf collectives: error: (rank 1|ranks 0, 1) made no progress for 2 s \(rank_timeout\)",
-                    stderr), stderr
+    # the same collective and both are named. The silence stated is the one measured, at least the limit.
+    found = re.match(r"rlperf collectives: error: (rank 1|ranks 0, 1) made no progress for (\d+\.\d) s "
+                     rf"\(rank_timeout {RANK_TIMEOUT:g} s\)", stderr)
+    assert found, stderr
+    silence = float(found.group(2))
+    # the silence began at most one collective before the stop (a few ms here), and was read before the exit
+    assert RANK_TIMEOUT <= silence <= waited + 1.0, (silence, waited)
     assert_ranks_gone(peers)
+
+
+def test_slow_starting_ranks_get_the_startup_grace(tmp_path):
+    """Ranks that take longer than --rank-timeout to start (here every interpreter sleeps first, as if
+    importing torch on a loaded machine) are not a stall: the grace lasts until they have joined."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(5)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([*COLLECTIVES, "--world-size", "2", "--backend", "gloo", "--max-bytes", "64K", "--iters",
+                           "3", "--warmup", "1", "--rank-timeout", "3", "--store", str(tmp_path / "results.sqlite")],
+                          capture_output=True, text=True, timeout=STARTUP_SECONDS * 2, env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_taken_rendezvous_port_costs_a_retry_not_the_run(monkeypatch):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        real = ports.free_local_port
+        handed: list[int] = []
+
+        def first_one_taken() -> int:
+            handed.append(taken if not handed else real())
+            return handed[-1]
+
+        monkeypatch.setattr(ports, "free_local_port", first_one_taken)
+        result = launch(Settings(2, "gloo", 8, 1024, 2, 1, 60.0), Console(file=StringIO()))
+    assert handed[0] == taken and len(handed) == 2
+    assert {row["op"] for row in result["rows"]} == set(OPS)
+
+
+def test_port_helpers():
+    port = ports.free_local_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free when handed out
+    assert port_taken("RuntimeError: The server socket has failed to listen on any local network address. "
+                      "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert not port_taken("RuntimeError: Connection reset by peer")
+    calls: list[int] = []
+
+    def collide_twice(port: int) -> int:
+        calls.append(port)
+        if len(calls) < 3:
+            raise PortTaken(port)
+        return port
+
+    assert with_free_port(collide_twice) == calls[-1] and len(calls) == 3
+
+    def always(port: int) -> int:
+        raise PortTaken(port)
+
+    with pytest.raises(PortTaken):
+        with_free_port(always, attempts=2)
+    with pytest.raises(RankFailed):  # other failures are not retried
+        with_free_port(lambda port: (_ for _ in ()).throw(RankFailed("rank 1 was killed by SIGKILL")))
 
 
 def test_torchrun_two_node_rendezvous_runs_and_rank_0_stores(tmp_path):
     """Two torchrun agents meeting over c10d on one host: the multi-node path without a second node."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    agents = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "collectives-test",
-                                "-m", "rlperf", "collectives", "--backend", "gloo", "--max-bytes", "64K",
-                                "--iters", "3", "--warmup", "1", "--store", str(tmp_path / f"node{node}.sqlite")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-              for node in range(2)]
-    try:
-        outputs = [agent.communicate(timeout=120)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            agent.kill()
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+
+    def rendezvous(port: int) -> list[subprocess.Popen]:
+        for stale in tmp_path.glob("node*.sqlite"):
+            stale.unlink()
+        agents = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "collectives-test",
+                                    "-m", "rlperf", "collectives", "--backend", "gloo", "--max-bytes", "64K",
+                                    "--iters", "3", "--warmup", "1", "--store", str(tmp_path / f"node{node}.sqlite")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+                  for node in range(2)]
+        try:
+            outputs = [agent.communicate(timeout=120)[0] for agent in agents]
+        finally:
+            for agent in agents:
+                agent.kill()
+        if any(agent.returncode for agent in agents) and any(port_taken(output) for output in outputs):
+            raise PortTaken(port)
+        assert [agent.returncode for agent in agents] == [0, 0], outputs
+        return agents
+
+    with_free_port(rendezvous)
     stored = [path for path in tmp_path.glob("node*.sqlite")]
     assert len(stored) == 1, "exactly one node holds rank 0"
     with Store.open(stored[0], readonly=True) as store:
