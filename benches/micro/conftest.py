@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The CUDA cases carry the gpu marker, so `pytest -m gpu` (the nightly GPU job) selects them.
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(params=DEVICES)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="host<->device copies need a CUDA device")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="host<->device copies need a CUDA device")]
 
 SIZES = {"obs_1MiB": 1 << 20, "batch_64MiB": 64 << 20}
 
