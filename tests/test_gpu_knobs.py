@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+from benches.fingerprint import nvml_gpus
+from benches.probe import probe
 from benches.runner import config_mismatch
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
+from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.train import train
 
@@ -177,3 +180,27 @@ def test_compile_reports_its_time_apart():
     summary = train(cuda_cfg(compile=True))
     assert summary["compile_seconds"] > 0 and summary["warmup_seconds"] > summary["compile_seconds"]
     assert summary["sps"] > 0
+
+
+def test_each_phase_receives_a_delay_injected_into_it():
+    # On CUDA a phase boundary is an event on the compute stream; a host delay must still land in its phase.
+    shares = attributed_shares(delay_ms=40.0, epochs=6, device="cuda")
+    assert all(share >= REQUIRED_SHARE for share in shares.values()), shares
+
+
+def test_the_probe_names_each_gpu_as_nvml_does():
+    # The sampler finds a point's GPUs by these UUIDs: a format that NVML does not use samples nothing.
+    nvml = nvml_gpus()
+    if isinstance(nvml, str):
+        pytest.skip(f"NVML unavailable: {nvml}")
+    probed = probe().gpus
+    assert len(probed) == torch.cuda.device_count()
+    assert {gpu["uuid"] for gpu in probed} <= {gpu["uuid"] for gpu in nvml}
+
+
+def test_flops_measures_on_the_gpu():
+    done = subprocess.run([sys.executable, "-m", "benches.flops", "--device", "cuda", "--num-envs", "64", "--horizon",
+                           "8", "--minibatch-size", "256", "--hidden-size", "32", "--epochs", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert torch.cuda.get_device_name(0) in done.stdout and "whole epoch" in done.stdout
