@@ -81,7 +81,8 @@ class Sweep:
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
         with MeasurementLock() as lock:
-            lock.acquire(opts.wait, self.console.print, suite=suite.name, store=str(store_path.resolve()))
+            lock.acquire(opts.wait, lambda text: self.console.print(text, markup=False, soft_wrap=True),
+                         suite=suite.name, store=str(store_path.resolve()))
             with Reserve(opts.out_dir) as reserve, Store.open(store_path) as store:
                 run_id, done = self.start_run(store, suite, fingerprint, key)
                 lock.update(run_id=run_id)
