@@ -1,15 +1,26 @@
-"""Regression verdicts: did a point get slower, and which phase grew.
+"""Regression verdicts: did a point get slower, by how much, how sure can we be, and which phase grew.
 
-A change counts only when it is both large (the median over repeats moved by more than `threshold`) and
-real (a two-sided Mann-Whitney U test on the samples gives p < `alpha`, moving the same way). Steps per second: higher is better. Phase times,
-taken as seconds per agent step so runs of different lengths compare: lower is better.
+A comparison ends in one of four outcomes, read off the confidence interval of the change
+(reports/intervals.py: Hodges-Lehmann shift of the per-process values, exact Mann-Whitney interval) against
+the band of +-threshold:
 
-Which samples are tested: a repeat (one trainer process) is the honest unit, because run-to-run noise only
-shows between processes. But an exact two-sided test of n against m values cannot go below
-2 / C(n+m, n): 0.1 for 3 against 3, so three repeats can never be significant at any useful alpha. When
-the repeats cannot reach `alpha`, the steady epochs of all repeats are pooled instead (each epoch's steps
-per second and phase times); as epochs of one process share its luck, the change must then also show in
-every repeat, and the size threshold guards against the rest of the noise that pooling hides.
+- `regressed` / `improved`: the whole interval lies beyond the band on one side, so the change is real and
+  larger than the threshold;
+- `unchanged`: the whole interval lies inside the band, so the change is shown to be smaller than the
+  threshold (an equivalence test);
+- `inconclusive`: the interval reaches across an edge of the band. The verdict says why (noise, too few
+  repeats, contended repeats) and about how many repeats a side would decide it.
+
+Points that cannot be compared are `new`, `missing` or `failed`. Repeats whose machine was contended
+(profilers/interference.py) are left out before anything is computed.
+
+Many points, one night: a regressed or improved claim must also pass the Benjamini-Hochberg procedure over the
+p-values of every compared point (scipy.stats.false_discovery_control), which keeps the expected share of
+false claims among a run's claims at alpha (and the chance of any false claim at alpha when nothing changed);
+a claim that does not pass becomes `inconclusive`.
+
+Steps per second: higher is better. Phase times, taken as seconds per agent step so that runs of different
+lengths compare: lower is better.
 """
 
 from __future__ import annotations
@@ -23,29 +34,37 @@ import pandas as pd
 from scipy import stats
 
 from reference_trainer.config import PHASES
+from reports import intervals
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
 # phase that costs 0.1% of the step explains nothing.
 MIN_PHASE_GROWTH_SHARE = 0.02
 # Fields that change how a run is observed or deliberately perturbed, not what it computes: a traced
 # or delay-injected run is still the same point.
 NOT_MATCHED_FIELDS = ("inject_delay", "trace_dir", "trace_epochs")
-STATUSES = ("regressed", "improved", "unchanged", "new", "missing", "failed")
+OUTCOMES = ("regressed", "improved", "unchanged", "inconclusive")
+STATUSES = OUTCOMES + ("new", "missing", "failed")
 
 
 @dataclass(frozen=True)
 class Change:
-    """One metric compared: `relative` is candidate/baseline - 1 of the per-repeat medians; the test ran on
-    n_baseline and n_candidate values."""
+    """One metric compared. `baseline` and `candidate` are medians over repeats; `relative` is the estimated
+    change with its interval [low, high] at `confidence`; `p_value` is that of the change lying beyond the
+    band; `decision` is down, up, same (inside the band) or undecided."""
 
     baseline: float
     candidate: float
     relative: float
+    low: float
+    high: float
+    confidence: float
     p_value: float
+    decision: str
     worse: bool
-    counts: bool
     n_baseline: int
     n_candidate: int
+    spread: float  # pooled standard deviation of the logs: the noise of one process
 
 
 @dataclass
@@ -55,9 +74,11 @@ class PointVerdict:
     status: str
     reason: str = ""
     sps: Change | None = None
-    unit: str = ""
     phases_grew: list[tuple[str, Change]] = field(default_factory=list)
     phases_shrank: list[tuple[str, Change]] = field(default_factory=list)
+    contended: tuple[int, int] = (0, 0)  # repeats left out: baseline, candidate
+    detectable: float = math.inf  # the smallest slowdown these repeats would catch (DETECTION_POWER)
+    repeats_needed: int | None = None  # a side, for an inconclusive verdict
 
 
 def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> str:
@@ -84,90 +105,115 @@ def _plain(value) -> str:
     return str(value)
 
 
-def steady_epochs(summary: dict) -> list[dict]:
-    return [epoch for epoch in summary.get("epochs") or [] if not epoch.get("warmup") and epoch.get("seconds")]
+def is_contended(summary: dict) -> bool:
+    return bool((summary.get("interference") or {}).get("contended"))
 
 
-def sps_samples(samples: pd.DataFrame, unit: str) -> np.ndarray:
-    if unit == "repeat":
-        return samples["sps"].to_numpy(dtype=float)
-    return np.array([epoch["steps"] / epoch["seconds"] for summary in samples["summary"]
-                     for epoch in steady_epochs(summary)], dtype=float)
+def quiet(samples: pd.DataFrame) -> pd.DataFrame:
+    """The repeats whose machine was not contended while they ran."""
+    if samples.empty:
+        return samples
+    return samples[~samples["summary"].map(is_contended)]
 
 
-def phase_samples(samples: pd.DataFrame, unit: str, phase: str) -> np.ndarray:
-    """Seconds per agent step spent in `phase`."""
-    if unit == "repeat":
-        return np.array([row.phases.get(phase, 0.0) / row.summary["steady_steps"]
-                         for row in samples.itertuples()], dtype=float)
-    return np.array([epoch["phases"].get(phase, 0.0) / epoch["steps"] for summary in samples["summary"]
-                     for epoch in steady_epochs(summary)], dtype=float)
-
-
-def smallest_p(n: int, m: int) -> float:
-    """The smallest p an exact two-sided Mann-Whitney U test of n against m distinct values can give."""
-    return 2.0 / math.comb(n + m, n)
-
-
-def choose_unit(candidate: pd.DataFrame, baseline: pd.DataFrame, alpha: float) -> str:
-    n, m = len(candidate), len(baseline)
-    if smallest_p(n, m) <= alpha:
-        return "repeat"
-    if len(sps_samples(candidate, "epoch")) and len(sps_samples(baseline, "epoch")):
-        return "epoch"
-    return "repeat"
+def phase_per_step(samples: pd.DataFrame, phase: str) -> np.ndarray:
+    """Seconds per agent step spent in `phase`, one value per repeat."""
+    return np.array([row.phases.get(phase, 0.0) / row.summary["steady_steps"] for row in samples.itertuples()],
+                    dtype=float)
 
 
 def compare_values(baseline: np.ndarray, candidate: np.ndarray, higher_is_better: bool, threshold: float,
-                   alpha: float, tested: tuple[np.ndarray, np.ndarray] | None = None) -> Change:
-    """The size of a change is read from the per-repeat values (the figures a report shows). The test runs on
-    `tested` (baseline, candidate: pooled epochs) when given; the pooled samples must then move the same way,
-    and every repeat must too (the two sides' repeats do not overlap), so that one slow process among
-    epochs that share its state cannot make a change on its own."""
-    base, cand = float(np.median(baseline)), float(np.median(candidate))
-    relative = cand / base - 1.0 if base else (0.0 if cand == base else math.inf)
-    tested_base, tested_cand = tested if tested is not None else (baseline, candidate)
-    if len(tested_base) and len(tested_cand) and np.ptp(np.concatenate([tested_base, tested_cand])) > 0:
-        p_value = float(stats.mannwhitneyu(tested_cand, tested_base, alternative="two-sided").pvalue)
-        agrees = np.sign(np.median(tested_cand) - np.median(tested_base)) == np.sign(relative)
+                   alpha: float) -> Change:
+    """Compares per-process values (positive) and decides where the change lies against the band."""
+    found = intervals.shift(baseline, candidate, threshold, alpha)
+    if found.p_down <= alpha / 2:
+        decision = "down"
+    elif found.p_up <= alpha / 2:
+        decision = "up"
+    elif -threshold < found.low and found.high < threshold:
+        decision = "same"
     else:
-        p_value, agrees = 1.0, False
-    if tested is not None:
-        separated = candidate.max() < baseline.min() if relative < 0 else candidate.min() > baseline.max()
-        agrees = agrees and separated
-    worse = relative < 0 if higher_is_better else relative > 0
-    counts = abs(relative) > threshold and p_value < alpha and bool(agrees)
-    return Change(base, cand, relative, p_value, worse, counts, len(tested_base), len(tested_cand))
+        decision = "undecided"
+    worse = found.estimate < 0 if higher_is_better else found.estimate > 0
+    return Change(float(np.median(baseline)), float(np.median(candidate)), found.estimate, found.low, found.high,
+                  found.confidence, found.p_beyond, decision, worse, found.n_baseline, found.n_candidate,
+                  intervals.log_spread(baseline, candidate))
 
 
-def judge_point(candidate: pd.DataFrame, baseline: pd.DataFrame, threshold: float, alpha: float) -> tuple:
-    """(status, sps Change, unit, phases that grew, phases that shrank) for two sets of ok samples."""
-    unit = choose_unit(candidate, baseline, alpha)
-    sps = compare_values(sps_samples(baseline, "repeat"), sps_samples(candidate, "repeat"), True, threshold, alpha,
-                         (sps_samples(baseline, unit), sps_samples(candidate, unit)))
-    status = "unchanged" if not sps.counts else ("regressed" if sps.worse else "improved")
-    baseline_step_seconds = 1.0 / sps.baseline if sps.baseline else 0.0
+def judge_point(candidate: pd.DataFrame, baseline: pd.DataFrame, threshold: float, alpha: float) -> PointVerdict:
+    """The verdict on two sets of ok samples (rows of `Store.samples()`), contended repeats left out."""
+    cand, base = quiet(candidate), quiet(baseline)
+    contended = (len(baseline) - len(base), len(candidate) - len(cand))
+    verdict = PointVerdict("", "", "inconclusive", contended=contended)
+    fewest = intervals.fewest_repeats(alpha)
+    if len(cand) < 2 or len(base) < 2:
+        verdict.reason = few_repeats_reason(len(base), len(cand), fewest, contended)
+        verdict.repeats_needed = fewest
+        return verdict
+    sps = compare_values(base["sps"].to_numpy(float), cand["sps"].to_numpy(float), True, threshold, alpha)
+    verdict.sps = sps
+    verdict.detectable = intervals.minimum_detectable_change(sps.spread, len(base), len(cand), threshold, alpha)
+    verdict.status = {"down": "regressed", "up": "improved", "same": "unchanged"}.get(sps.decision, "inconclusive")
+    if verdict.status == "inconclusive":
+        if min(len(base), len(cand)) < fewest:
+            verdict.reason = few_repeats_reason(len(base), len(cand), fewest, contended)
+            verdict.repeats_needed = fewest
+        else:
+            verdict.repeats_needed = intervals.repeats_to_decide(sps.spread, sps.relative, threshold, alpha)
+            verdict.reason = straddle_reason(sps, threshold, verdict.repeats_needed, contended)
+    elif any(contended):
+        verdict.reason = contended_text(contended)
+    verdict.phases_grew, verdict.phases_shrank = phase_changes(cand, base, sps, threshold, alpha)
+    return verdict
+
+
+def phase_changes(cand: pd.DataFrame, base: pd.DataFrame, sps: Change, threshold: float, alpha: float):
+    """Phases whose time per step grew or shrank beyond the band, largest first. A growth under
+    MIN_PHASE_GROWTH_SHARE of the baseline's step is left out: it explains nothing."""
+    step_seconds = 1.0 / sps.baseline if sps.baseline else 0.0
     grew, shrank = [], []
-    names = [p for p in PHASES if any(p in phases for phases in pd.concat([candidate, baseline])["phases"])]
+    names = [p for p in PHASES if any(p in phases for phases in pd.concat([cand, base])["phases"])]
     for phase in names:
-        change = compare_values(phase_samples(baseline, "repeat", phase), phase_samples(candidate, "repeat", phase),
-                                False, threshold, alpha,
-                                (phase_samples(baseline, unit, phase), phase_samples(candidate, unit, phase)))
-        if not change.counts:
+        before, after = phase_per_step(base, phase), phase_per_step(cand, phase)
+        if (before <= 0).any() or (after <= 0).any():
             continue
-        if change.worse and change.candidate - change.baseline >= MIN_PHASE_GROWTH_SHARE * baseline_step_seconds:
+        change = compare_values(before, after, False, threshold, alpha)
+        if change.decision == "up" and change.candidate - change.baseline >= MIN_PHASE_GROWTH_SHARE * step_seconds:
             grew.append((phase, change))
-        elif not change.worse:
+        elif change.decision == "down":
             shrank.append((phase, change))
     grew.sort(key=lambda item: item[1].baseline - item[1].candidate)
     shrank.sort(key=lambda item: item[1].candidate - item[1].baseline)
-    return status, sps, unit, grew, shrank
+    return grew, shrank
+
+
+def contended_text(contended: tuple[int, int]) -> str:
+    return f"left out contended repeats: {contended[0]} of the baseline's, {contended[1]} of this run's"
+
+
+def few_repeats_reason(n: int, m: int, fewest: int, contended: tuple[int, int]) -> str:
+    text = f"too few repeats: {n} against {m} cannot reach the confidence asked for (at least {fewest} a side)"
+    return text + (f"; {contended_text(contended)}" if any(contended) else "")
+
+
+def straddle_reason(sps: Change, threshold: float, needed: int | None, contended: tuple[int, int]) -> str:
+    text = (f"noise: the interval {fmt_interval(sps)} reaches across the ±{threshold:.0%} band; "
+            + (f"about {needed} repeats a side would likely decide it" if needed
+               else "the change sits on the threshold, and no practical number of repeats decides it"))
+    return text + (f"; {contended_text(contended)}" if any(contended) else "")
+
+
+def fmt_interval(change: Change) -> str:
+    low = "−∞" if change.low <= -1 else f"{change.low:+.1%}"
+    high = "+∞" if math.isinf(change.high) else f"{change.high:+.1%}"
+    return f"[{low}, {high}]"
 
 
 def judge(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, baseline_points: pd.DataFrame,
           baseline_samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
           alpha: float = DEFAULT_ALPHA) -> list[PointVerdict]:
-    """One verdict per point of either run, matched by configuration, in the candidate's order."""
+    """One verdict per point of either run, matched by configuration, in the candidate's order; claims are
+    then weighed together across points (Benjamini-Hochberg)."""
     candidates = _by_match_key(candidate_points)
     baselines = _by_match_key(baseline_points)
     verdicts = []
@@ -189,9 +235,24 @@ def judge(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, basel
             reason = "not in the baseline" if base is None else f"baseline point {base['status']}"
             verdicts.append(PointVerdict(key, label, "new", reason))
             continue
-        status, sps, unit, grew, shrank = judge_point(cand_rows, base_rows, threshold, alpha)
-        verdicts.append(PointVerdict(key, label, status, "", sps, unit, grew, shrank))
+        verdict = judge_point(cand_rows, base_rows, threshold, alpha)
+        verdict.match_key, verdict.point = key, label
+        verdicts.append(verdict)
+    weigh_claims(verdicts, alpha)
     return verdicts
+
+
+def weigh_claims(verdicts: list[PointVerdict], alpha: float) -> None:
+    """Demotes the regressed/improved claims that do not survive Benjamini-Hochberg over every compared point."""
+    compared = [v for v in verdicts if v.sps is not None]
+    if len(compared) < 2:
+        return
+    adjusted = stats.false_discovery_control([v.sps.p_value for v in compared], method="bh")
+    for verdict, p in zip(compared, adjusted):
+        if verdict.status in ("regressed", "improved") and p > alpha:
+            verdict.reason = (f"{verdict.status} alone (p={verdict.sps.p_value:.2g}), but not once the "
+                              f"{len(compared)} points are weighed together (Benjamini-Hochberg p={p:.2g})")
+            verdict.status = "inconclusive"
 
 
 def _by_match_key(points: pd.DataFrame) -> dict[str, pd.Series]:
@@ -202,5 +263,6 @@ def tally(verdicts: list[PointVerdict]) -> dict[str, int]:
     return {status: sum(v.status == status for v in verdicts) for status in STATUSES}
 
 
-def exit_code(verdicts: list[PointVerdict]) -> int:
-    return 1 if any(v.status == "regressed" for v in verdicts) else 0
+def exit_code(verdicts: list[PointVerdict], fail_on_inconclusive: bool = False) -> int:
+    failing = ("regressed", "inconclusive") if fail_on_inconclusive else ("regressed",)
+    return 1 if any(v.status in failing for v in verdicts) else 0

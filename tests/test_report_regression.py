@@ -19,7 +19,7 @@ from reference_trainer.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
-REPEATS = 3
+REPEATS = 5  # a side: 4 is the fewest that a 95% interval can decide with
 POINT = {"env": "synthetic", "num_envs": 16, "horizon": 16, "minibatch_size": 128, "update_epochs": 1,
          "hidden_size": 32, "total_steps": 16 * 16 * 12, "warmup_epochs": 1, "threads": 1}
 DELAYED_PHASE = "learn"
@@ -81,11 +81,12 @@ def verdict_row(markdown: str) -> str:
 
 
 def test_two_runs_of_the_same_code_do_not_regress(store, tmp_path):
+    """Unchanged when the machine was quiet enough to show it; inconclusive, never a claim, when it was not."""
     path, runs = store
     result = report(path, runs["same"], runs["baseline"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     row = verdict_row((tmp_path / "report.md").read_text())
-    assert "regressed" not in row and "improved" not in row
+    assert "| unchanged |" in row or "| inconclusive |" in row, row
 
 
 def test_injected_delay_is_flagged_and_its_phase_named(store, tmp_path):
@@ -95,6 +96,6 @@ def test_injected_delay_is_flagged_and_its_phase_named(store, tmp_path):
     row = verdict_row((tmp_path / "report.md").read_text())
     assert "| regressed |" in row
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    phases_that_grew = cells[7]
+    phases_that_grew = cells[8]
     assert phases_that_grew.startswith(DELAYED_PHASE + " +"), row
     assert DELAYED_PHASE in result.stdout
