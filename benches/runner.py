@@ -16,6 +16,7 @@ from typing import Any
 
 from benches.store import PointRecord, utc_now
 from benches.suite import Point
+from profilers.interference import InterferenceMonitor
 from reference_trainer.cli import to_args
 
 REASON_LINES = 8
@@ -103,7 +104,9 @@ class PointRunner:
         summary_path.unlink(missing_ok=True)
         command = [sys.executable, "-m", "benches.launch", str(os.getpid()), *self.command_for(point.config, summary_path)]
         sampler = self.utilization.start(gpu_uuids)
+        monitor = InterferenceMonitor(gpu_uuids)
         timed_out = False
+        monitor.start()
         try:
             with open(log_path, "w") as log:
                 log.write("$ " + " ".join(command[4:]) + "\n")
@@ -120,8 +123,9 @@ class PointRunner:
                         os.killpg(child.pid, signal.SIGKILL)
                         child.wait()
         finally:
-            if sampler is not None:
-                record.utilization += [(repeat, *row) for row in sampler.stop()]
+            rows = sampler.stop() if sampler is not None else []
+            interference = monitor.stop(rows)
+            record.utilization += [(repeat, *row) for row in rows]
 
         if timed_out:
             return "timeout", f"killed after {self.timeout_s:g} s\n{last_lines(log_path)}", None
@@ -134,6 +138,7 @@ class PointRunner:
         mismatch = config_mismatch(point.config, summary.get("config", {}))
         if mismatch:
             return "failed", mismatch, None
+        summary["interference"] = interference
         return "ok", None, summary
 
 
