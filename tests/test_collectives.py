@@ -288,6 +288,7 @@ def test_torchrun_two_node_rendezvous_runs_and_rank_0_stores(tmp_path):
     assert set(rows["world_size"]) == {2} and set(rows["op"]) == set(OPS) and (rows["busbw_gbps"] > 0).all()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_nccl_on_one_gpu(tmp_path):
     store_path = tmp_path / "results.sqlite"
