@@ -19,7 +19,10 @@ nox.options.reuse_existing_virtualenvs = True
 
 def install(session: nox.Session, extras: str) -> None:
     if not USE_SYSTEM_TORCH:
-        session.install(TORCH)
+        # The first install downloads a few hundred MB and takes minutes: pip's own progress is shown, not
+        # hidden as nox hides it by default.
+        session.log(f"installing {TORCH} (a few hundred MB the first time; pip's progress follows)")
+        session.install(TORCH, silent=False)
     session.install("-e", f".[{extras}]")
 
 
