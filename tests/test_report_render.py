@@ -281,6 +281,7 @@ def test_empty_run_is_refused(summary, tmp_path, capsys):
     path = tmp_path / "results.sqlite"
     with Store.open(path) as db:
         run_id = db.create_run("smoke", "h", fingerprint(), machine_key(fingerprint()))
+        db.finish_run(run_id, "interrupted")  # a run still running is refused as such (tests/test_faults.py)
     assert main(["report", f"{path}::{run_id}", "--out", str(tmp_path / "r")]) == 2
     assert "is empty" in one_line_error(capsys, "results")
 
