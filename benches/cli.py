@@ -13,8 +13,15 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.errors import BadInput
+
 DEFAULT_OUT = "runs"
 STORE_FILE = "results.sqlite"
+# --until-decided: at most this many pairs of processes per point, within this many seconds in all (a point
+# of the smoke suite's size takes about 10 s a pair on two cores)
+DEFAULT_MAX_REPEATS = 30
+DEFAULT_BUDGET_S = 600.0
 
 
 # A repeat longer than a day is a hung process, not a measurement; a sampler above 100 Hz measures itself
@@ -83,6 +90,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", metavar="RESULTS", default=os.environ.get("RLPERF_BASELINE") or None,
                         help="compare the report with this store (PATH or PATH::RUN_ID); exit 1 on a regression "
                              "(default: $RLPERF_BASELINE, else no comparison)")
+    parser.add_argument("--against", metavar="REF",
+                        help="measure the suite at git REF (a temporary worktree) and at the working tree, in "
+                             "alternating processes, and judge the working tree against REF (default: no comparison)")
+    parser.add_argument("--until-decided", action="store_true",
+                        help="with --against: add pairs of processes to each point until its verdict is decided, "
+                             "spending alpha over the looks (default: the suite's repeats, judged once)")
+    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                        help=f"with --until-decided: at most N pairs per point (default {DEFAULT_MAX_REPEATS})")
+    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False),
+                        default=DEFAULT_BUDGET_S, metavar="S",
+                        help=f"with --until-decided: seconds for the whole comparison, shared equally among the "
+                             f"points still to measure (default {DEFAULT_BUDGET_S:g})")
+    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
+                        help=f"smallest relative change of SPS that counts, as a fraction (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
+                        help=f"one minus the confidence of each change's interval (default {DEFAULT_ALPHA})")
+    parser.add_argument("--fail-on-inconclusive", action="store_true",
+                        help="with --baseline or --against: exit 1 also when a point could not be decided "
+                             "(default: only on a regression)")
     parser.add_argument("--no-wait", dest="wait", action="store_false",
                         help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
                              "waiting for it (default: wait)")
@@ -99,17 +125,47 @@ def utf8_text(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_combinations(args)
+    # SIGTERM (a CI job cancelled, a `kill`) ends the sweep like Ctrl-C: the run is marked interrupted.
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return against(args) if args.against else sweep(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    if args.against is None:
+        if args.until_decided:
+            raise BadInput("until-decided: needs --against REF (pairs of processes to add)")
+        return
+    for flag, value in (("resume", args.resume), ("export", args.export), ("baseline", args.baseline)):
+        if value:
+            raise BadInput(f"{flag}: cannot be combined with --against (REF's run is the baseline)")
+    if args.until_decided and args.repeats:
+        raise BadInput("repeats: with --until-decided the pairs are added until decided; use --max-repeats")
+
+
+def sweep(args: argparse.Namespace) -> int:
     from benches.sweep import Sweep, SweepOptions
 
     options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export, baseline=args.baseline, wait=args.wait)
-    # SIGTERM (a CI job cancelled, a `kill`) ends the sweep like Ctrl-C: the run is marked interrupted.
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        return Sweep(options).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+                           export=args.export, baseline=args.baseline, wait=args.wait, threshold=args.threshold,
+                           alpha=args.alpha, fail_on_inconclusive=args.fail_on_inconclusive)
+    return Sweep(options).run()
+
+
+def against(args: argparse.Namespace) -> int:
+    from benches.against import Against, AgainstOptions
+    from benches.sweep import default_console
+
+    options = AgainstOptions(suite=args.suite, ref=args.against, out_dir=Path(args.out), repeats=args.repeats,
+                             device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
+                             until_decided=args.until_decided, max_repeats=args.max_repeats,
+                             budget_s=args.budget_s, threshold=args.threshold, alpha=args.alpha,
+                             fail_on_inconclusive=args.fail_on_inconclusive, wait=args.wait)
+    return Against(options, default_console()).run()
 
 
 def raise_interrupt(signum: int, frame: object) -> None:

@@ -71,8 +71,9 @@ class PointRunner:
     """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer)."""
 
     def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
-                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command):
+                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command, cwd: Path | None = None):
         self.run_dir = run_dir
+        self.cwd = cwd  # where the trainer runs: another checkout's code is imported from there
         self.repeats = repeats
         self.timeout_s = timeout_s
         self.utilization = utilization
@@ -113,7 +114,7 @@ class PointRunner:
                 log.flush()
                 # A session of its own lets a timeout end the trainer and any ranks it started, together.
                 child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, cwd=self.cwd)
                 try:
                     child.wait(timeout=self.timeout_s)
                 except subprocess.TimeoutExpired:

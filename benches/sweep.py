@@ -25,6 +25,7 @@ from benches.probe import Machine, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
 from reference_trainer.config import PHASES
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.lock import MeasurementLock
 
@@ -48,6 +49,9 @@ class SweepOptions:
     export: Path | None = None
     baseline: str | None = None
     wait: bool = True  # for another sweep measuring on this machine; False refuses instead
+    threshold: float = DEFAULT_THRESHOLD
+    alpha: float = DEFAULT_ALPHA
+    fail_on_inconclusive: bool = False
 
 
 class Sweep:
@@ -232,7 +236,9 @@ class Sweep:
         """Renders the run's report, with verdicts against the baseline when one is configured."""
         from reports.render import render_run
 
-        status = render_run(str(store_path), run_id, str(out_dir), baseline=self.options.baseline)
+        status = render_run(str(store_path), run_id, str(out_dir), baseline=self.options.baseline,
+                            threshold=self.options.threshold, alpha=self.options.alpha,
+                            fail_on_inconclusive=self.options.fail_on_inconclusive)
         against = f" (against {self.options.baseline})" if self.options.baseline else ""
         verdict = "regressions found" if status else "no regression" if self.options.baseline else ""
         self.console.print(f"report: {out_dir}{against}" + (f": {verdict}" if verdict else ""))

@@ -7,7 +7,8 @@ import argparse
 
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 
-EXIT_CODES = "exit code: 1 when a point regressed, 0 otherwise, 2 for bad input"
+EXIT_CODES = ("exit code: 1 when a point regressed (or could not be decided, with --fail-on-inconclusive), "
+              "0 otherwise, 2 for bad input")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"smallest relative change that counts (default {DEFAULT_THRESHOLD})")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
+                        help=f"one minus the confidence of each change's interval, and the false-discovery rate "
+                             f"of the claims across points (default {DEFAULT_ALPHA}, 95%% intervals)")
+    parser.add_argument("--fail-on-inconclusive", action="store_true",
+                        help="exit 1 also when a point's change could not be decided either way (default: only "
+                             "on a regression)")
     parser.add_argument("--allow-cross-machine", action="store_true",
                         help="compare with a baseline measured on another kind of machine (default: refused)")
     parser.add_argument("--history", metavar="STORE",
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.results:
         raise BadInput("results: a results store is required (PATH or PATH::RUN_ID)")
     code, verdicts, paths = render(load(args.results), args.out, args.baseline, args.threshold, args.alpha,
-                                   args.allow_cross_machine)
+                                   args.allow_cross_machine, args.fail_on_inconclusive)
     if verdicts:
         print_verdicts(console, verdicts)
     console.print(f"report: {paths[0]} and {paths[1]}", markup=False)
@@ -59,20 +64,23 @@ def print_verdicts(console, verdicts) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from reports.render import fmt_change, fmt_p, fmt_sps
+    from reports.render import fmt_change, fmt_detectable, fmt_sps
+    from reports.verdicts import fmt_interval
 
-    colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan"}
+    colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan",
+              "inconclusive": "yellow"}
     table = Table(title="verdicts against the baseline")
-    for column in ("point", "status", "baseline SPS", "SPS", "change", "p", "phases that grew"):
+    for column in ("point", "status", "baseline SPS", "SPS", "change [interval]", "detects", "phases that grew; note"):
         table.add_column(column, overflow="fold")
     for verdict in verdicts:
         sps = verdict.sps
+        grew = ", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_grew)
         # Text cells, not markup: point labels and reasons come from results and may contain brackets.
         table.add_row(
             Text(verdict.point), Text(verdict.status, style=colors.get(verdict.status, "")),
             fmt_sps(sps.baseline) if sps else "–", fmt_sps(sps.candidate) if sps else "–",
-            fmt_change(sps.relative) if sps else "–", fmt_p(sps.p_value) if sps else "–",
-            Text(", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_grew)
-                 or verdict.reason),
+            f"{fmt_change(sps.relative)} {fmt_interval(sps)}" if sps else "–",
+            fmt_detectable(verdict.detectable) if sps else "–",
+            Text("; ".join(text for text in (grew, verdict.reason) if text)),
         )
     console.print(table)

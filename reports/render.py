@@ -394,15 +394,17 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
 
 def render_run(store_path: str, run_id: str, out_dir: str, baseline: str | None = None,
                threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
-               allow_cross_machine: bool = False) -> int:
+               allow_cross_machine: bool = False, fail_on_inconclusive: bool = False) -> int:
     """Writes report.md and report.html for one run into `out_dir`. Returns 1 when a point regressed
-    against `baseline` (a RESULTS argument: `PATH` or `PATH::RUN_ID`), else 0; bad input raises BadInput."""
+    against `baseline` (a RESULTS argument: `PATH` or `PATH::RUN_ID`), or could not be decided and
+    `fail_on_inconclusive`, else 0; bad input raises BadInput."""
     candidate = load(f"{store_path}::{run_id}")
-    return render(candidate, out_dir, baseline, threshold, alpha, allow_cross_machine)[0]
+    return render(candidate, out_dir, baseline, threshold, alpha, allow_cross_machine, fail_on_inconclusive)[0]
 
 
 def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshold: float, alpha: float,
-           allow_cross_machine: bool) -> tuple[int, list[PointVerdict], tuple[str, str]]:
+           allow_cross_machine: bool, fail_on_inconclusive: bool = False
+           ) -> tuple[int, list[PointVerdict], tuple[str, str]]:
     check_criteria(threshold, alpha)
     baseline = None
     if baseline_spec:
@@ -410,7 +412,7 @@ def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshol
         check_baseline(candidate, baseline, allow_cross_machine)
     report, verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)
-    return exit_code(verdicts), verdicts, paths
+    return exit_code(verdicts, fail_on_inconclusive), verdicts, paths
 
 
 def write_report(report: Report, out_dir: str) -> tuple[str, str]:
