@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from rlperf.cpus import usable_cores
+
 # Measured on an idle 2-core machine, other processes use a few hundredths of a core (the harness's
 # sampler, the system's own daemons); a fifth of a core on average is a real neighbour.
 OTHERS_CORES_LIMIT = 0.2
@@ -38,13 +40,6 @@ def busy_seconds(times) -> float:
 
 def cpu_seconds(usage: resource.struct_rusage) -> float:
     return usage.ru_utime + usage.ru_stime
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class InterferenceMonitor:
@@ -68,7 +63,7 @@ class InterferenceMonitor:
         harness = cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)) - self._self
         busy = busy_seconds(machine) - busy_seconds(self._machine)
         steal = getattr(machine, "steal", 0.0) - getattr(self._machine, "steal", 0.0)
-        cores = available_cores()
+        cores = usable_cores()
         others = max(busy - trainer - harness, 0.0)
         gpu_others = sorted(set(self._gpu_others_at_start) | set(gpu_compute_processes(self.gpu_uuids)))
         throttled = sorted({f"{source}: 0x{int(value):x}" for _, source, metric, value in utilization_rows
@@ -79,20 +74,23 @@ class InterferenceMonitor:
             "steal_share": steal / (wall * cores), "load_1m": os.getloadavg()[0],
             "gpu_other_processes": gpu_others, "gpu_clock_events": throttled,
         }
-        account["why"] = contention_reasons(account)
-        account["contended"] = bool(account["why"])
+        reasons = contention(account)
+        account["why"] = "; ".join(detail for _, detail in reasons)
+        account["contended"] = bool(reasons)
         return account
 
 
-def contention_reasons(account: dict[str, Any]) -> str:
+def contention(account: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kind, detail) of every reason this repeat's machine counts as contended."""
     reasons = []
     if account["others_cores"] > OTHERS_CORES_LIMIT:
-        reasons.append(f"other processes used {account['others_cores']:.2f} cores")
+        reasons.append(("other processes used the CPU", f"other processes used {account['others_cores']:.2f} cores"))
     if account["steal_share"] > STEAL_SHARE_LIMIT:
-        reasons.append(f"steal took {account['steal_share']:.0%} of the CPUs")
-    if account["gpu_other_processes"]:
-        reasons.append(f"other programs computed on the GPU ({', '.join(account['gpu_other_processes'])})")
-    return "; ".join(reasons)
+        reasons.append(("steal", f"steal took {account['steal_share']:.0%} of the CPUs"))
+    if account.get("gpu_other_processes"):
+        reasons.append(("other programs on the GPU",
+                        f"other programs computed on the GPU ({', '.join(account['gpu_other_processes'])})"))
+    return reasons
 
 
 def gpu_compute_processes(gpu_uuids: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from reference_trainer.config import TrainConfig
+from rlperf.cpus import usable_cores
 from rlperf.errors import BadInput
 from rlperf.ports import free_local_port
 
@@ -87,7 +88,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
         torch.cuda.set_device(training_device(cfg, local_rank))  # before nccl, which binds to the current GPU
     elif not cfg.threads:
         # Ranks on one machine each taking every core oversubscribe the CPU; give each its share.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+        torch.set_num_threads(max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     # Collectives wait twice as long as the launcher's watchdog, so a silent rank is named by the watchdog
     # before its peers give up waiting in a collective and exit with errors of their own.
     dist.init_process_group("nccl" if cfg.is_cuda else "gloo", rank=rank, world_size=world,

@@ -28,6 +28,7 @@ from reference_trainer.config import ConfigError, TrainConfig
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
+from rlperf.cpus import usable_cores
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
@@ -167,8 +168,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
 def _train(cfg: TrainConfig, device: torch.device, rank: Rank, on_epoch: Callable[[dict], None] | None,
            save_policy: str, copy_delay_cycles: int, compute_stream: torch.cuda.Stream | None,
            process_start: float) -> dict:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    # torch's default (one thread per physical core it may run on) does not know a container's CPU quota
+    torch.set_num_threads(cfg.threads or min(torch.get_num_threads(), usable_cores()))
     torch.manual_seed(cfg.seed)
     autocast_dtype = AUTOCAST_DTYPES[cfg.dtype]
 

@@ -111,7 +111,7 @@ def test_a_regression_against_the_baseline_fails_the_bench_and_a_bad_baseline_ru
                                                                                             capsys):
     # Verdicts leave out repeats run on a busy machine, and a shared test machine is busy: that rule is
     # tested with the verdicts. Here every repeat counts as quiet, so the verdict depends on the speeds.
-    monkeypatch.setattr(interference, "contention_reasons", lambda account: [])
+    monkeypatch.setattr(interference, "contention", lambda account: [])
     monkeypatch.chdir(tmp_path)
     # The same point twice: once as it is, once with 200 ms slept in `learn` every epoch (an injected
     # delay does not make another point), several times a tiny epoch's length. Five repeats a side is
