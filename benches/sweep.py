@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,6 +27,7 @@ from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.verdicts import detectable_alone
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.lock import MeasurementLock
 
@@ -207,7 +209,7 @@ class Sweep:
         order = {point.key: index for index, point in enumerate(suite.points)}
         points = store.points(run_id)
         points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
-        table_data = summarise(points, store.samples(run_id))
+        table_data = summarise(points, store.samples(run_id), self.options.threshold, self.options.alpha)
         table = Table(title=f"run {run_id} ({suite.name}): steady SPS per point, median of the repeats")
         axes = list(suite.axis_names)
         shown_phases = [phase for phase in PHASES if f"share.{phase}" in table_data
@@ -219,17 +221,27 @@ class Sweep:
         table.add_column("SPS", justify="right")
         table.add_column("spread", justify="right")
         table.add_column("e2e SPS", justify="right")
+        table.add_column("contended", justify="right")
+        table.add_column("detects", justify="right")
         for phase in shown_phases:
             table.add_column(phase, justify="right")
         for row in table_data.to_dict("records"):
             values = [suites.format_value(row["axes"][name]) if name in row["axes"] else "" for name in axes]
             values += [row["status"], str(row["n"]), format_count(row["sps_median"]), format_spread(row["spread"]),
-                       format_count(row["sps_e2e_median"])]
+                       format_count(row["sps_e2e_median"]), format_contended(row["contended"], row["n"]),
+                       format_detects(row["detects"])]
             values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
             table.add_row(*values)
         self.console.print(table)
-        self.console.print("spread: (max - min) / median of the repeats; phase columns: share of steady time. "
-                           f"Logs: {self.options.out_dir / run_id / 'points'}")
+        self.console.print("spread: (max - min) / median of the repeats; contended: repeats during which other "
+                           "processes used the CPU or GPU (left out of verdicts); detects: the smallest slowdown "
+                           "these repeats would catch 95% of the time against as many as noisy; phase columns: share "
+                           f"of steady time. Logs: {self.options.out_dir / run_id / 'points'}", soft_wrap=True)
+        contended = int(table_data["contended"].fillna(0).sum())
+        if contended:
+            self.console.print(f"warning: {contended} repeats ran on a contended machine (another process used the "
+                               "CPU or GPU); their figures are not trustworthy and verdicts leave them out. The "
+                               "report's 'Was the machine quiet?' section says which and why.", soft_wrap=True)
         return int(table_data["status"].isin(["failed", "timeout"]).sum())
 
     def render_report(self, store_path: Path, run_id: str, out_dir: Path) -> int:
@@ -268,17 +280,21 @@ class Reserve:
         self.release()
 
 
-def summarise(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per point: status, sample count, median and spread of SPS, phase shares of steady time."""
+def summarise(points: pd.DataFrame, samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
+              alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    """One row per point: status, sample count, median and spread of SPS, contended repeats, the smallest
+    slowdown the repeats would catch, phase shares of steady time."""
     rows = []
     for point in points.itertuples(index=False):
         mine = samples[samples["point_key"] == point.point_key]
         row: dict[str, Any] = {"axes": json.loads(point.point_key), "status": point.status, "n": len(mine),
-                               "sps_median": None, "spread": None, "sps_e2e_median": None}
+                               "sps_median": None, "spread": None, "sps_e2e_median": None, "contended": None,
+                               "detects": None}
         if len(mine):
             median = mine["sps"].median()
+            contended, detects = detectable_alone(mine, threshold, alpha)
             row.update(sps_median=median, spread=(mine["sps"].max() - mine["sps"].min()) / median if median else None,
-                       sps_e2e_median=mine["sps_end_to_end"].median())
+                       sps_e2e_median=mine["sps_end_to_end"].median(), contended=contended, detects=detects)
             steady = sum(summary["steady_seconds"] for summary in mine["summary"])
             for phase in PHASES:
                 row[f"share.{phase}"] = sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else None
@@ -303,6 +319,16 @@ def format_spread(value: float | None) -> str:
 
 def format_share(value: float | None) -> str:
     return "" if value is None or pd.isna(value) else f"{100 * value:.0f}%"
+
+
+def format_contended(count: float | None, repeats: int) -> str:
+    return "" if count is None or pd.isna(count) else f"{int(count)}/{repeats}"
+
+
+def format_detects(fraction: float | None) -> str:
+    if fraction is None or pd.isna(fraction):
+        return ""
+    return f"≥{fraction:.0%}" if np.isfinite(fraction) else "none: too few"
 
 
 def format_seconds(seconds: float) -> str:

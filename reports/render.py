@@ -14,6 +14,7 @@ from reports.results import RunData, load, phase_us_per_step, point_table, swept
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point,
                               point_label, tally)
+from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
 from rlperf.errors import BadInput, fault, output_dir
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
@@ -129,6 +130,8 @@ def sps_section(table: pd.DataFrame) -> Section:
         "min – max": [f"{fmt_sps(lo)} – {fmt_sps(hi)}" if np.isfinite(lo) else "–"
                       for lo, hi in zip(table["sps_min"], table["sps_max"])],
         "repeats": table["repeats"],
+        "contended": [f"{c}/{n}" if n else "–" for c, n in zip(table["contended"], table["repeats"])],
+        "detects": [fmt_detectable(d) if n else "–" for d, n in zip(table["detects"], table["repeats"])],
         "end-to-end SPS": table["sps_end_to_end"].map(fmt_sps),
         "warm-up s": table["warmup_seconds"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "–"),
         "dtype used": table["dtype_used"], "device": table["device"],
@@ -138,8 +141,37 @@ def sps_section(table: pd.DataFrame) -> Section:
     measured = table[table["repeats"] > 0]
     figs = [figures.sps_per_point(measured)] if not measured.empty else []
     text = ["Steady steps per second exclude set-up, compilation and warm-up epochs; end-to-end SPS includes "
-            "them. Each repeat is a separate trainer process."]
+            "them. Each repeat is a separate trainer process. 'contended': repeats during which other processes "
+            "used the machine (left out of verdicts); 'detects': the smallest slowdown the quiet repeats would "
+            "catch 95% of the time against as many repeats as noisy."]
     return Section("Steps per second", text, [shown], figs)
+
+
+def quiet_section(run: RunData) -> Section | None:
+    """Per point: the trainer's own share of the CPUs against what other processes used, and why a repeat
+    counts as contended (profilers/interference.py)."""
+    rows = []
+    for point_key, samples in run.samples.groupby("point_key", sort=False):
+        accounts = [summary["interference"] for summary in samples["summary"] if summary.get("interference")]
+        if not accounts:
+            continue
+        frame = pd.DataFrame(accounts)
+        kinds = pd.Series([kind for account in accounts for kind, _ in contention(account)], dtype=object)
+        rows.append({
+            "point": point_label(point_key), "contended": f"{int(frame['contended'].sum())}/{len(frame)}",
+            "trainer cores (median)": f"{frame['trainer_cores'].median():.2f} of {int(frame['cores'].max())}",
+            "others' cores (median / max)": f"{frame['others_cores'].median():.2f} / {frame['others_cores'].max():.2f}",
+            "steal (max)": f"{frame['steal_share'].max():.1%}", "load (max)": f"{frame['load_1m'].max():.2f}",
+            "why": ", ".join(f"{kind} ({count})" for kind, count in kinds.value_counts().items()),
+        })
+    if not rows:
+        return None
+    text = ["Each repeat is bracketed by the kernel's accounts: the trainer's own CPU time (in cores: CPU seconds "
+            "per wall second) against the CPU other processes used meanwhile, steal and load; on GPUs, other "
+            "programs' compute processes. A repeat is contended when others used more than "
+            f"{OTHERS_CORES_LIMIT:g} of a core on average, steal took more than {STEAL_SHARE_LIMIT:.0%}, or another "
+            "program computed on the GPU; verdicts leave contended repeats out."]
+    return Section("Was the machine quiet?", text, [pd.DataFrame(rows)])
 
 
 def phase_section(run: RunData) -> Section | None:
@@ -382,7 +414,7 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
         verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold, alpha)
         sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha))
     if not table.empty:
-        sections += [sps_section(table), phase_section(candidate), knob_section(candidate, threshold, alpha),
+        sections += [sps_section(table), quiet_section(candidate), phase_section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]

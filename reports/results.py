@@ -10,7 +10,7 @@ import pandas as pd
 
 from benches.store import Store, open_results
 from reference_trainer.config import PHASES
-from reports.verdicts import point_label
+from reports.verdicts import detectable_alone, point_label
 from rlperf.errors import BadInput
 
 
@@ -65,6 +65,7 @@ def point_table(run: RunData) -> pd.DataFrame:
         samples = run.samples[run.samples["point_key"] == point.point_key]
         sps = samples["sps"].to_numpy(dtype=float)
         summaries = list(samples["summary"])
+        contended, detects = detectable_alone(samples) if len(sps) else (0, np.nan)
         rows.append({
             "point_key": point.point_key,
             "label": point_label(point.point_key),
@@ -80,6 +81,8 @@ def point_table(run: RunData) -> pd.DataFrame:
             "mean_episode_return": _median_or_nan(samples["mean_episode_return"]),
             "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
             "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
+            "contended": contended if len(sps) else 0,
+            "detects": detects if len(sps) else np.nan,
         })
     return pd.DataFrame(rows)
 

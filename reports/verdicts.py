@@ -116,6 +116,16 @@ def quiet(samples: pd.DataFrame) -> pd.DataFrame:
     return samples[~samples["summary"].map(is_contended)]
 
 
+def detectable_alone(samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
+                     alpha: float = DEFAULT_ALPHA) -> tuple[int, float]:
+    """(contended repeats, the smallest slowdown this point's quiet repeats would catch against as many
+    repeats of a baseline as noisy): what a point can tell before it is compared with anything."""
+    calm = quiet(samples)
+    n = len(calm)
+    spread = intervals.log_spread(calm["sps"].to_numpy(float)) if n > 1 else math.nan
+    return len(samples) - n, intervals.minimum_detectable_change(spread, n, n, threshold, alpha)
+
+
 def phase_per_step(samples: pd.DataFrame, phase: str) -> np.ndarray:
     """Seconds per agent step spent in `phase`, one value per repeat."""
     return np.array([row.phases.get(phase, 0.0) / row.summary["steady_steps"] for row in samples.itertuples()],
