@@ -42,7 +42,7 @@ from reports.verdicts import OUTCOMES, PointVerdict, exit_code, fmt_interval, ju
 from rlperf.errors import BadInput, output_dir
 from rlperf.lock import MeasurementLock
 
-FIRST_LOOK = 6  # pairs: the fewest at which a completely separated point clears a look's share of alpha
+FIRST_LOOK = 8  # pairs: the fewest at which a completely separated point clears a look's share of alpha
 LOOK_GROWTH = 1.4
 DECIDED = tuple(outcome for outcome in OUTCOMES if outcome != "inconclusive")
 

@@ -18,9 +18,10 @@ from rlperf.errors import BadInput
 
 DEFAULT_OUT = "runs"
 STORE_FILE = "results.sqlite"
-# --until-decided: at most this many pairs of processes per point, within this many seconds in all (a point
-# of the smoke suite's size takes about 10 s a pair on two cores)
-DEFAULT_MAX_REPEATS = 30
+# --until-decided: at most this many pairs of processes per point, within this many seconds in all. A small
+# point takes 8 to 14 s a pair on two cores; its processes' SPS vary by about 11%, and a 10% slowdown needs
+# about 40 pairs to be caught 95% of the time.
+DEFAULT_MAX_REPEATS = 40
 DEFAULT_BUDGET_S = 600.0
 
 

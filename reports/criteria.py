@@ -8,10 +8,10 @@ from rlperf.errors import BadInput
 # 5% is the smallest slowdown worth a person's time on a nightly run; smaller drifts are within what one
 # machine does from day to day.
 DEFAULT_THRESHOLD = 0.05
-# One minus the confidence of every interval. A false alarm needs more than a significant test: the whole
-# interval must clear the threshold, which an unchanged point does far less often than alpha; across the
-# points of a run, claims are weighed together (Benjamini-Hochberg) at this level too.
-DEFAULT_ALPHA = 0.05
+# One minus the confidence of every interval, and so the most often an unchanged point can be called
+# regressed or improved (a claim needs an interval that excludes no change); across the points of a run,
+# claims are weighed together (Benjamini-Hochberg) at this level. 1% keeps a nightly job's false alarms rare.
+DEFAULT_ALPHA = 0.01
 
 
 def check_criteria(threshold: float, alpha: float) -> None:

@@ -12,7 +12,7 @@ luck (a busy neighbour, a slow clock, a memory layout), so they are not independ
   any other outlier. The price is that few repeats cannot reach high confidence at all: 3 against 3 can
   never exclude a shift at 95% (the most extreme ordering has p = 0.05), 4 against 4 can.
 
-A shift is judged against the band [1 - threshold, 1 + threshold] of ratios.
+A shift is judged against the threshold by reports/verdicts.py.
 """
 
 from __future__ import annotations
@@ -38,15 +38,9 @@ class Shift:
     low: float  # -1 when no finite bound is reachable with these repeats: a slowdown of any size fits
     high: float  # inf, likewise
     confidence: float
-    p_down: float  # one-sided p of "the change is below -threshold"
-    p_up: float  # one-sided p of "the change is above +threshold"
+    p_value: float  # two-sided p of no change: below alpha exactly when the interval excludes no change
     n_baseline: int
     n_candidate: int
-
-    @property
-    def p_beyond(self) -> float:
-        """Two-sided p that the change lies beyond the band on the side the data point to."""
-        return min(1.0, 2.0 * min(self.p_down, self.p_up))
 
 
 def band(threshold: float) -> tuple[float, float]:
@@ -54,18 +48,15 @@ def band(threshold: float) -> tuple[float, float]:
     return math.log1p(-threshold) if threshold < 1 else -math.inf, math.log1p(threshold)
 
 
-def shift(baseline: np.ndarray, candidate: np.ndarray, threshold: float, alpha: float) -> Shift:
+def shift(baseline: np.ndarray, candidate: np.ndarray, alpha: float) -> Shift:
     """Estimate and interval of the change from `baseline` to `candidate` (positive values, one per process)."""
     base, cand = np.log(np.asarray(baseline, float)), np.log(np.asarray(candidate, float))
     differences = np.sort(np.subtract.outer(cand, base).ravel())
     method = test_method(base, cand)
     low, high = rank_interval(base, cand, differences, alpha, method)
-    down, up = band(threshold)
-    p_down = float(stats.mannwhitneyu(cand - down, base, alternative="less", method=method).pvalue) \
-        if math.isfinite(down) else 1.0
-    p_up = float(stats.mannwhitneyu(cand - up, base, alternative="greater", method=method).pvalue)
+    p_value = float(stats.mannwhitneyu(cand, base, alternative="two-sided", method=method).pvalue)
     return Shift(estimate=math.expm1(float(np.median(differences))), low=math.expm1(low), high=math.expm1(high),
-                 confidence=1 - alpha, p_down=p_down, p_up=p_up, n_baseline=len(base), n_candidate=len(cand))
+                 confidence=1 - alpha, p_value=p_value, n_baseline=len(base), n_candidate=len(cand))
 
 
 def test_method(base: np.ndarray, cand: np.ndarray) -> str:
@@ -122,20 +113,22 @@ def standard_error(spread: float, n: int, m: int) -> float:
 def minimum_detectable_change(spread: float, n: int, m: int, threshold: float, alpha: float,
                               power: float = DETECTION_POWER) -> float:
     """The smallest slowdown (a positive fraction) that n against m repeats with this log spread would call
-    a regression with probability `power`: the interval must clear the band, so the change must exceed the
-    threshold by the interval's half-width plus the power margin. inf when the repeats cannot reach alpha."""
+    a regression with probability `power`: its estimate must lie beyond the threshold and its interval must
+    exclude no change, with the power margin on top. inf when the repeats cannot reach alpha at all."""
     if smallest_two_sided_p(n, m) > alpha or not math.isfinite(spread):
         return math.inf
-    margin = (stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * standard_error(spread, n, m)
-    return 1.0 - (1.0 - threshold) * math.exp(-margin)
+    error = standard_error(spread, n, m)
+    needed = max(-math.log1p(-threshold), stats.norm.ppf(1 - alpha / 2) * error)
+    return -math.expm1(-(needed + stats.norm.ppf(power) * error))
 
 
 def repeats_to_decide(spread: float, estimate: float, threshold: float, alpha: float) -> int | None:
-    """Repeats a side that would likely (80%) decide a point whose change is `estimate`: enough that the
-    interval fits on one side of the nearer edge of the band. None when the estimate sits on that edge."""
+    """Repeats a side that would likely (80%) decide a point whose change is `estimate`: beyond the threshold,
+    enough that the interval excludes no change; within it, enough that the interval fits inside the band.
+    None when the estimate sits on the threshold."""
     logged = math.log1p(estimate)
     down, up = band(threshold)
-    distance = min(abs(logged - down), abs(logged - up))
+    distance = abs(logged) if not down < logged < up else min(logged - down, up - logged)
     if not math.isfinite(spread) or distance < 1e-3:
         return None
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(DECIDING_POWER)

@@ -112,11 +112,11 @@ def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: 
 def verdict_rule_text(threshold: float, alpha: float) -> str:
     return (f"Each point's change is the Hodges–Lehmann shift of its repeats' steady SPS (one value per process, "
             f"on a log scale) with its exact {1 - alpha:.0%} Mann–Whitney confidence interval. Regressed or "
-            f"improved: the whole interval lies beyond ±{threshold:.0%}, and the claim survives "
-            f"Benjamini–Hochberg over all compared points at {alpha:g}. Unchanged: the whole interval lies within "
-            f"±{threshold:.0%}. Inconclusive: the interval reaches across the band; the note says why and about "
-            f"how many repeats a side would decide it. Repeats run on a contended machine are left out. "
-            f"'detects' is the smallest slowdown these repeats would catch 95% of the time, given their noise.")
+            f"improved: the interval excludes no change and the estimate lies beyond ±{threshold:.0%}, and the "
+            f"claim survives Benjamini–Hochberg over all compared points at {alpha:g}. Unchanged: the whole "
+            f"interval lies within ±{threshold:.0%}. Inconclusive: neither; the note says why and about how many "
+            f"repeats a side would decide it. Repeats run on a contended machine are left out. 'detects' is the "
+            f"smallest slowdown these repeats would catch 95% of the time, given their noise.")
 
 
 def fmt_detectable(fraction: float) -> str:
@@ -236,9 +236,9 @@ def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None
         return None
     text = [f"Each point is compared with the point of this run that sets only some of its values and nothing "
             f"else (for a knob swept alone: the baseline at the same batch size), by the same rule as regressions "
-            f"(faster or slower: the {1 - alpha:.0%} interval of the change lies beyond ±{threshold:.0%}; no clear "
-            f"change: it lies within; can't tell: it reaches across). The phases show where a knob saved or cost "
-            f"time, in microseconds per agent step."]
+            f"(faster or slower: the {1 - alpha:.0%} interval of the change excludes no change and the estimate "
+            f"lies beyond ±{threshold:.0%}; no clear change: the interval lies within ±{threshold:.0%}; can't "
+            f"tell: neither). The phases show where a knob saved or cost time, in microseconds per agent step."]
     return Section("What each knob changed", text, [pd.DataFrame(rows)])
 
 

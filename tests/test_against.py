@@ -30,7 +30,7 @@ threads = 1
 
 
 def test_looks_grow_geometrically_and_spend_at_most_alpha():
-    assert looks(30) == [FIRST_LOOK, 9, 13, 19, 27, 30]
+    assert looks(30) == [FIRST_LOOK, 12, 17, 24, 30]
     assert looks(4) == [4]
     for max_repeats in (4, 6, 7, 30, 100):
         spent = look_alphas(max_repeats, 0.05)
@@ -63,7 +63,7 @@ def test_against_head_alternates_processes_and_stores_two_paired_runs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert git_worktrees() == before  # the temporary checkout is gone
     lines = [line for line in proc.stdout.splitlines() if " pair " in line]
-    assert len(lines) == 6 and "pair 6:" in lines[-1] and "look at 95.00%: " in lines[-1]  # one look at 6 pairs spends all of alpha
+    assert len(lines) == 6 and "pair 6:" in lines[-1] and "look at 99.00%: " in lines[-1]  # one look at 6 pairs spends all of alpha
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
         runs = store.runs()
         assert len(runs) == 2 and set(runs["status"]) == {"complete"}

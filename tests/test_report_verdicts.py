@@ -69,11 +69,11 @@ def one_point(baseline_spec: dict, candidate_spec: dict, **criteria):
 
 
 def test_the_interval_is_exact_and_needs_four_repeats_a_side_at_95_percent():
-    separated = intervals.shift(np.array([100.0, 101, 102]), np.array([50.0, 51, 52]), 0.05, 0.05)
+    separated = intervals.shift(np.array([100.0, 101, 102]), np.array([50.0, 51, 52]), 0.05)
     # 3 against 3: the most extreme ordering has p = 0.05 two-sided, so no shift can be excluded at 95%
     assert separated.low == -1.0 and math.isinf(separated.high)
     assert separated.estimate == pytest.approx(50 / 101 - 1, abs=0.01)
-    four = intervals.shift(np.array([100.0, 101, 102, 103]), np.array([50.0, 51, 52, 53]), 0.05, 0.05)
+    four = intervals.shift(np.array([100.0, 101, 102, 103]), np.array([50.0, 51, 52, 53]), 0.05)
     assert -0.52 < four.low < four.estimate < four.high < -0.47
     assert intervals.fewest_repeats(0.05) == 4 and intervals.fewest_repeats(0.01) == 5
 
@@ -85,7 +85,7 @@ def test_the_interval_covers_the_true_shift_at_its_confidence():
     for _ in range(600):
         base = np.exp(rng.standard_t(3, 8) * 0.05)  # heavy tails, as a shared machine gives
         cand = np.exp(rng.standard_t(3, 8) * 0.05) * truth
-        found = intervals.shift(base, cand, 0.05, 0.05)
+        found = intervals.shift(base, cand, 0.05)
         covered += found.low <= truth - 1 <= found.high
     assert covered / 600 >= 0.93
 
@@ -103,17 +103,24 @@ def test_four_outcomes():
 def test_every_verdict_carries_its_interval_and_what_it_can_detect():
     verdict = one_point({"step_seconds": 1e-3, "noise": 0.05}, {"step_seconds": 1.3e-3, "noise": 0.05})
     sps = verdict.sps
-    assert sps.low <= sps.relative <= sps.high and sps.confidence == 0.95
-    assert sps.high < -0.05 and verdict.status == "regressed"
+    assert sps.low <= sps.relative <= sps.high and sps.confidence == 0.99
+    assert sps.high < 0 and sps.relative < -0.05 and verdict.status == "regressed"
     assert 0.05 < verdict.detectable < 0.5
 
 
-def test_a_change_exactly_at_the_threshold_is_not_a_regression():
-    base = np.full(6, 1000.0) * np.linspace(1, 1.001, 6)
-    at_threshold = compare_values(base, base * 0.95, True, threshold=0.05, alpha=0.05)
-    assert at_threshold.decision == "undecided"
-    beyond = compare_values(base, base * 0.94, True, threshold=0.05, alpha=0.05)
+def test_a_real_change_counts_only_beyond_the_threshold():
+    base = np.full(8, 1000.0) * np.linspace(1, 1.001, 8)
+    inside = compare_values(base, base * 0.951, True, threshold=0.05, alpha=0.01)
+    assert inside.high < 0 and inside.decision == "same"  # real, and shown to be within 5%
+    beyond = compare_values(base, base * 0.949, True, threshold=0.05, alpha=0.01)
     assert beyond.decision == "down" and beyond.worse
+
+
+def test_a_large_change_that_may_be_noise_is_not_a_claim():
+    rng = np.random.default_rng(5)
+    base = np.exp(rng.normal(0, 0.3, 5)) * 1000
+    noisy = compare_values(base, np.exp(rng.normal(0, 0.3, 5)) * 800, True, threshold=0.05, alpha=0.01)
+    assert noisy.low < 0 < noisy.high and noisy.decision == "undecided"
 
 
 def test_p_exactly_alpha_counts_and_just_above_does_not():
@@ -124,9 +131,9 @@ def test_p_exactly_alpha_counts_and_just_above_does_not():
 
 
 def test_too_few_repeats_are_inconclusive_and_say_how_many_would_do():
-    verdict = one_point({"step_seconds": 1e-3, "repeats": 3}, {"step_seconds": 2e-3, "repeats": 3})
-    assert verdict.status == "inconclusive" and verdict.reason.startswith("too few repeats: 3 against 3")
-    assert verdict.repeats_needed == 4 and math.isinf(verdict.detectable)
+    verdict = one_point({"step_seconds": 1e-3, "repeats": 4}, {"step_seconds": 2e-3, "repeats": 4})
+    assert verdict.status == "inconclusive" and verdict.reason.startswith("too few repeats: 4 against 4")
+    assert verdict.repeats_needed == 5 and math.isinf(verdict.detectable)  # at the default alpha of 1%
 
 
 def test_contended_repeats_are_left_out():
@@ -138,17 +145,17 @@ def test_contended_repeats_are_left_out():
 
 
 def test_contention_that_leaves_too_few_repeats_is_inconclusive():
-    verdict = one_point({"step_seconds": 1e-3}, {"step_seconds": 1e-3, "repeats": 5, "contended": 3})
+    verdict = one_point({"step_seconds": 1e-3}, {"step_seconds": 1e-3, "repeats": 6, "contended": 3})
     assert verdict.status == "inconclusive" and "contended" in verdict.reason
 
 
 def test_a_weak_claim_among_many_points_does_not_survive_being_weighed_with_them():
-    base_values, cand_values = np.array([100.0, 101, 102, 103]), np.array([50.0, 51, 52, 53])
-    alone = compare_values(base_values, cand_values, True, 0.05, 0.05)
-    assert alone.decision == "down" and alone.p_value == pytest.approx(2 / 70)
-    specs = {n: {"step_seconds": 1e-3, "repeats": 4} for n in range(10)}
+    base_values, cand_values = np.array([100.0, 101, 102, 103, 104]), np.array([50.0, 51, 52, 53, 54])
+    alone = compare_values(base_values, cand_values, True, 0.05, 0.01)
+    assert alone.decision == "down" and alone.p_value == pytest.approx(2 / 252)
+    specs = {n: {"step_seconds": 1e-3, "repeats": 5} for n in range(10)}
     baseline = run_frames(specs, seed=1)
-    candidate = run_frames({**specs, 0: {"step_seconds": 2e-3, "repeats": 4}}, seed=2)
+    candidate = run_frames({**specs, 0: {"step_seconds": 2e-3, "repeats": 5}}, seed=2)
     lone = verdicts_by_point(candidate, baseline)["num_envs=0"]
     assert lone.status == "inconclusive" and "Benjamini-Hochberg" in lone.reason
     strong = run_frames({**specs, 0: {"step_seconds": 2e-3, "repeats": 12}}, seed=2)
