@@ -27,6 +27,7 @@ from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.intervals import fewest_repeats
 from reports.verdicts import detectable_alone
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.lock import MeasurementLock
@@ -229,7 +230,7 @@ class Sweep:
             values = [suites.format_value(row["axes"][name]) if name in row["axes"] else "" for name in axes]
             values += [row["status"], str(row["n"]), format_count(row["sps_median"]), format_spread(row["spread"]),
                        format_count(row["sps_e2e_median"]), format_contended(row["contended"], row["n"]),
-                       format_detects(row["detects"])]
+                       format_detects(row["detects"], self.options.alpha)]
             values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
             table.add_row(*values)
         self.console.print(table)
@@ -325,10 +326,10 @@ def format_contended(count: float | None, repeats: int) -> str:
     return "" if count is None or pd.isna(count) else f"{int(count)}/{repeats}"
 
 
-def format_detects(fraction: float | None) -> str:
+def format_detects(fraction: float | None, alpha: float) -> str:
     if fraction is None or pd.isna(fraction):
         return ""
-    return f"≥{fraction:.0%}" if np.isfinite(fraction) else "none: too few"
+    return f"≥{fraction:.0%}" if np.isfinite(fraction) else f"none (<{fewest_repeats(alpha)} repeats)"
 
 
 def format_seconds(seconds: float) -> str:

@@ -1,0 +1,142 @@
+"""How often do verdicts cry wolf, and how often do they catch a real slowdown? Measured on this machine.
+
+`python -m benches.verdict_power --pairs 64 --slowed 40` runs one point (the synthetic env, LSTM-128, 64 envs,
+horizon 16, 32K steps) in many fresh processes: plain, and with a delay injected into `learn` sized to slow
+it by `--slowdown`, interleaved so drift lands on both alike, each bracketed by the interference monitor.
+Then it draws verdicts by resampling the quiet repeats:
+
+- A/A: two disjoint draws of plain repeats; any regressed or improved verdict is a false alarm;
+- slowed: plain against slowed repeats; a regressed verdict is a catch;
+
+at fixed sizes (n against n), and through the sequential procedure of `rlperf bench --until-decided` at its
+default limits (looks and alpha spending of benches/against.py), which also gives the pairs, and so the wall
+time, a decision takes. Resampled draws overlap, so the rates are estimates of what fresh runs would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benches.against import look_alphas
+from benches.cli import DEFAULT_MAX_REPEATS
+from benches.runner import PointRunner, UtilizationProbe
+from benches.store import PointRecord, utc_now
+from benches.suite import Point
+from reference_trainer.config import TrainConfig
+from reports import intervals
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.verdicts import compare_values, is_contended
+
+POINT = {"env": "synthetic", "hidden_size": 128, "num_envs": 64, "horizon": 16, "total_steps": 32768}
+DRAWS = 2000
+
+
+def run_processes(out: Path, pairs: int, slowed: int, slowdown: float) -> dict[str, list[dict]]:
+    base_config = {**TrainConfig().to_dict(), **POINT}
+    runner = PointRunner(out, 1, 600.0, UtilizationProbe(0))
+    summaries: dict[str, list[dict]] = {"plain": [], "slowed": []}
+
+    def one(name: str, config: dict, index: int) -> dict:
+        record = PointRecord(name, config, "ok", utc_now(), 0.0)
+        directory = out / name
+        directory.mkdir(parents=True, exist_ok=True)
+        status, reason, summary = runner.run_repeat(Point(name, {}, config), index, directory, [], record)
+        if status != "ok":
+            sys.exit(f"verdict_power: a {name} repeat {status}: {reason}")
+        return summary
+
+    # the delay is sized from plain repeats: SPS falls by `slowdown` when each epoch takes 1/(1 - slowdown) as long
+    warm = [one("plain", base_config, i) for i in range(3)]
+    summaries["plain"] += warm
+    epoch = float(np.median([e["seconds"] for s in warm for e in s["epochs"] if not e["warmup"]]))
+    delay_ms = round(1000 * epoch * slowdown / (1 - slowdown), 2)
+    slowed_config = {**base_config, "inject_delay": {"learn": delay_ms}}
+    print(f"epoch {epoch * 1000:.1f} ms; injecting {delay_ms} ms into learn per epoch", flush=True)
+    for i in range(3, pairs):
+        order = [("plain", base_config)] + ([("slowed", slowed_config)] if i - 3 < slowed else [])
+        for name, config in (order if i % 2 else order[::-1]):
+            summaries[name].append(one(name, config, i))
+        print(f"{i + 1}/{pairs}: plain {summaries['plain'][-1]['sps']:,.0f}"
+              + (f", slowed {summaries['slowed'][-1]['sps']:,.0f}" if summaries["slowed"] else ""), flush=True)
+    return summaries
+
+
+def fixed_rates(plain: np.ndarray, slowed: np.ndarray, n: int, rng: np.random.Generator) -> dict:
+    false_alarms = catches = same = 0
+    for _ in range(DRAWS):
+        drawn = rng.choice(plain, 2 * n, replace=False)
+        aa = compare_values(drawn[:n], drawn[n:], True, DEFAULT_THRESHOLD, DEFAULT_ALPHA)
+        false_alarms += aa.decision in ("down", "up")
+        same += aa.decision == "same"
+        ab = compare_values(rng.choice(plain, n, replace=False), rng.choice(slowed, n, replace=False), True,
+                            DEFAULT_THRESHOLD, DEFAULT_ALPHA)
+        catches += ab.decision == "down"
+    return {"n": n, "aa_false_alarm": false_alarms / DRAWS, "aa_unchanged": same / DRAWS, "caught": catches / DRAWS}
+
+
+def sequential(base: np.ndarray, cand: np.ndarray, spend: dict[int, float]) -> tuple[str, int]:
+    """The --until-decided procedure on pairs in the given order: (decision, pairs used)."""
+    for n, alpha in spend.items():
+        if n > min(len(base), len(cand)):
+            break
+        decision = compare_values(base[:n], cand[:n], True, DEFAULT_THRESHOLD, alpha).decision
+        if decision != "undecided":
+            return decision, n
+    return "undecided", n
+
+
+def sequential_rates(plain: np.ndarray, slowed: np.ndarray, max_pairs: int, rng: np.random.Generator) -> dict:
+    spend = look_alphas(max_pairs, DEFAULT_ALPHA)
+    outcomes = {"aa": [], "slowed": []}
+    for _ in range(DRAWS // 4):
+        drawn = rng.permutation(plain)
+        outcomes["aa"].append(sequential(drawn[:max_pairs], drawn[max_pairs:2 * max_pairs], spend))
+        outcomes["slowed"].append(sequential(rng.permutation(plain)[:max_pairs], rng.permutation(slowed), spend))
+    aa, ab = outcomes["aa"], outcomes["slowed"]
+    return {"max_pairs": max_pairs,
+            "aa_false_alarm": float(np.mean([d in ("down", "up") for d, _ in aa])),
+            "aa_unchanged": float(np.mean([d == "same" for d, _ in aa])),
+            "aa_median_pairs": float(np.median([n for _, n in aa])),
+            "caught": float(np.mean([d == "down" for d, _ in ab])),
+            "slowed_median_pairs": float(np.median([n for _, n in ab])),
+            "slowed_p90_pairs": float(np.percentile([n for _, n in ab], 90))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=64, help="plain processes (default 64)")
+    parser.add_argument("--slowed", type=int, default=40, help="slowed processes, interleaved (default 40)")
+    parser.add_argument("--slowdown", type=float, default=0.10, help="SPS lost to the injected delay (default 0.10)")
+    parser.add_argument("--out", type=Path, default=Path("runs/verdict-power"), help="logs and results.json here")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    summaries = run_processes(args.out, args.pairs, args.slowed, args.slowdown)
+    seconds = time.monotonic() - started
+    quiet = {name: np.array([s["sps"] for s in runs if not is_contended(s)]) for name, runs in summaries.items()}
+    contended = {name: sum(is_contended(s) for s in runs) for name, runs in summaries.items()}
+    plain, slowed = quiet["plain"], quiet["slowed"]
+    spread = intervals.log_spread(plain)
+    rng = np.random.default_rng(0)
+    max_pairs = min(DEFAULT_MAX_REPEATS, len(plain) // 2, len(slowed))
+    result = {
+        "point": POINT, "processes": {k: len(v) for k, v in summaries.items()}, "contended": contended,
+        "seconds": seconds, "seconds_per_process": seconds / sum(len(v) for v in summaries.values()),
+        "plain_sps_median": float(np.median(plain)), "slowed_sps_median": float(np.median(slowed)),
+        "true_slowdown": float(1 - np.median(slowed) / np.median(plain)), "process_cv": spread,
+        "others_cores": [s["interference"]["others_cores"] for s in summaries["plain"]],
+        "fixed": [fixed_rates(plain, slowed, n, rng) for n in (3, 5, 10, 20) if 2 * n <= len(plain)],
+        "sequential": sequential_rates(plain, slowed, max_pairs, rng),
+    }
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "others_cores"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
