@@ -23,21 +23,15 @@ from pathlib import Path
 from reference_trainer.config import TrainConfig
 from rlperf.cpus import usable_cores
 from rlperf.errors import BadInput
-from rlperf.ports import free_local_port
+from rlperf.ports import PORT_ATTEMPTS, PortTaken, port_taken, with_free_port
 
 HEARTBEAT_DIR = "RLPERF_HEARTBEAT_DIR"
 POLL_SECONDS = 0.2
 STARTUP_GRACE_SECONDS = 60.0  # importing torch and meeting the other ranks, before the first beat
-PORT_ATTEMPTS = 4  # the rendezvous port is free when picked, but another process may take it before rank 0 binds it
-PORT_TAKEN = ("address already in use", "eaddrinuse")
 
 
 class RankFailed(RuntimeError):
     """A rank died or hung; the message names it."""
-
-
-class PortTaken(RankFailed):
-    """A rank could not bind the rendezvous port: another process took it after the launcher picked it."""
 
 
 class Heartbeat:
@@ -117,16 +111,14 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
     """Starts one process per rank on this machine and returns rank 0's summary. A rendezvous port taken
     by another process between picking and binding it costs one more attempt on a new port."""
     with tempfile.TemporaryDirectory(prefix="rlperf-ranks-") as tmp:
-        attempt = 0
-        while True:
-            attempt_dir = Path(tmp) / f"attempt{attempt}"  # fresh heartbeats: old ones would read as stalls
-            attempt_dir.mkdir()
-            try:
-                return run_ranks(cfg, save_policy, attempt_dir, free_local_port())
-            except PortTaken:
-                attempt += 1
-                if attempt == PORT_ATTEMPTS:
-                    raise
+        def attempt(port: int) -> dict:
+            # fresh heartbeats for every attempt: an earlier attempt's would read as stalls
+            return run_ranks(cfg, save_policy, Path(tempfile.mkdtemp(dir=tmp)), port)
+
+        try:
+            return with_free_port(attempt)
+        except PortTaken as taken:
+            raise RankFailed(f"{taken}, {PORT_ATTEMPTS} times in a row") from None
 
 
 def run_ranks(cfg: TrainConfig, save_policy: str, tmp: Path, port: int) -> dict:
@@ -144,7 +136,12 @@ def run_ranks(cfg: TrainConfig, save_policy: str, tmp: Path, port: int) -> dict:
             with open(tmp / f"rank{rank}.log", "w") as log:
                 ranks.append(subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                               stderr=log))
-        watch(ranks, tmp, cfg.rank_timeout)
+        try:
+            watch(ranks, tmp, cfg.rank_timeout)
+        except RankFailed:
+            if any(port_taken(log.read_text(errors="replace")) for log in tmp.glob("rank*.log")):
+                raise PortTaken(port) from None
+            raise
     finally:
         for proc in ranks:
             if proc.poll() is None:
@@ -186,11 +183,10 @@ def watch(ranks: list[subprocess.Popen], heartbeat_dir: Path, timeout: float) ->
         codes = [proc.poll() for proc in ranks]
         failed = sorted((code > 0, rank, code) for rank, code in enumerate(codes) if code not in (None, 0))
         if failed:
-            logs = {rank: (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace") for _, rank, _ in failed}
             _, rank, code = failed[0]
-            last_line = logs[rank].strip().splitlines()[-1:] or ["no message"]
-            port_taken = any(sign in log.lower() for log in logs.values() for sign in PORT_TAKEN)
-            raise (PortTaken if port_taken else RankFailed)(f"rank {rank} exited with code {code} ({last_line[0]})")
+            log = (heartbeat_dir / f"rank{rank}.log").read_text(errors="replace")
+            last_line = log.strip().splitlines()[-1:] or ["no message"]
+            raise RankFailed(f"rank {rank} exited with code {code} ({last_line[0]})")
         if all(code == 0 for code in codes):
             return
         now = time.time()

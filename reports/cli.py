@@ -70,7 +70,7 @@ def print_verdicts(console, verdicts) -> None:
     colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan",
               "inconclusive": "yellow"}
     table = Table(title="verdicts against the baseline")
-    for column in ("point", "status", "baseline SPS", "SPS", "change [interval]", "detects", "phases that grew; note"):
+    for column in ("point", "status", "baseline SPS", "SPS", "change (interval)", "detects", "phases that grew; note"):
         table.add_column(column, overflow="fold")
     for verdict in verdicts:
         sps = verdict.sps

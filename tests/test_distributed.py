@@ -18,6 +18,7 @@ from reference_trainer import distributed
 from reference_trainer.config import from_dict
 from reference_trainer.distributed import Heartbeat, RankFailed, watch
 from reference_trainer.policy import Policy
+from rlperf import ports
 
 TRAIN = [sys.executable, "-m", "rlperf", "train", "--quiet"]
 
@@ -161,13 +162,13 @@ def test_a_taken_rendezvous_port_is_retried_on_a_new_one(monkeypatch):
     with socket.socket() as squatter:  # another process listening on the port the launcher picks first
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
-        taken, pick = squatter.getsockname()[1], distributed.free_local_port
+        taken, pick = squatter.getsockname()[1], ports.free_local_port
 
         def taken_first() -> int:
             picked.append(pick() if picked else taken)
             return picked[-1]
 
-        monkeypatch.setattr(distributed, "free_local_port", taken_first)
+        monkeypatch.setattr(ports, "free_local_port", taken_first)
         summary = distributed.launch(from_dict(dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64,
                                                     hidden_size=32, total_steps=256, world_size=2)), "")
     assert len(picked) == 2 and picked[0] == taken != picked[1]
