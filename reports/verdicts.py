@@ -11,7 +11,7 @@ A comparison ends in one of four outcomes, read off the estimated change and its
   many repeats a side would decide it.
 
 Why not require the whole interval beyond the threshold for a claim? On a shared 2-core machine one
-process's steady SPS varies by about 11% from the next one's; an interval that clears a 5% threshold for a 10%
+process's steady SPS varies by about 12% from the next one's; an interval that clears a 5% threshold for a 10%
 slowdown then needs over a hundred processes a side, so real slowdowns would go unreported. A claim that needs
 a significant interval has a false-alarm rate of at most alpha whatever the noise, which is what a nightly
 job's reader must be able to count on.
