@@ -207,7 +207,8 @@ def contended_text(contended: tuple[int, int]) -> str:
 
 
 def few_repeats_reason(n: int, m: int, fewest: int, contended: tuple[int, int]) -> str:
-    text = f"too few repeats: {n} against {m} cannot reach the confidence asked for (at least {fewest} a side)"
+    which = "quiet repeats" if any(contended) else "repeats"
+    text = f"too few {which}: {n} against {m} cannot reach the confidence asked for (at least {fewest} a side)"
     return text + (f"; {contended_text(contended)}" if any(contended) else "")
 
 
