@@ -147,10 +147,12 @@ class Against:
                          suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 label = opts.label or f"against {opts.ref}"
-                ref_run = store.create_run(suite.name, suite.suite_hash, {**reference, "paired_with": "next run"},
-                                           key, f"{label}: {opts.ref} ({commit[:10]})")
-                new_run = store.create_run(suite.name, suite.suite_hash, {**current, "paired_with": ref_run}, key,
-                                           f"{label}: working tree")
+                ref_run = store.create_run(suite.name, suite.suite_hash,
+                                           {**reference, "against": {"side": "ref", "ref": opts.ref}}, key,
+                                           f"{label}: {opts.ref} ({commit[:10]})")
+                new_run = store.create_run(suite.name, suite.suite_hash,
+                                           {**current, "against": {"side": "working tree", "ref": opts.ref,
+                                                                   "ref_run": ref_run}}, key, f"{label}: working tree")
                 lock.update(run_id=new_run)
                 self.console.print(f"runs {ref_run} ({opts.ref} at {commit[:10]}) and {new_run} (working tree): "
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")

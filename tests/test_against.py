@@ -70,7 +70,8 @@ def test_against_head_alternates_processes_and_stores_two_paired_runs(tmp_path):
         ref, new = runs["run_id"]
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
         assert runs["git_commit"].iloc[0] == head.strip()
-        assert runs["fingerprint"].iloc[1]["paired_with"] == ref
+        assert runs["fingerprint"].iloc[0]["against"] == {"side": "ref", "ref": "HEAD"}
+        assert runs["fingerprint"].iloc[1]["against"] == {"side": "working tree", "ref": "HEAD", "ref_run": ref}
         for run_id in (ref, new):
             samples = store.samples(run_id)
             assert list(samples["repeat"]) == list(range(6))
