@@ -8,7 +8,6 @@ fails the whole run with that rank named, and the other ranks are stopped.
 
 from __future__ import annotations
 
-import gc
 import json
 import mmap
 import os
@@ -97,9 +96,6 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
         everyone: list[dict | None] = [None] * world
         dist.all_gather_object(everyone, mine)
     finally:
-        # The training closures form reference cycles that keep the DDP wrapper alive; left to the
-        # interpreter's exit, its reducer would be torn down after the process group and abort.
-        gc.collect()
         dist.destroy_process_group()
     if rank != 0:
         return None
