@@ -22,13 +22,12 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
 
 from benches.cli import MAX_SAMPLE_HZ, MAX_TIMEOUT_S
 from benches.store import canonical_json
-from reference_trainer.config import FIELD_TYPES, ConfigError, coerce, from_dict
+from reference_trainer.config import FIELD_TYPES, PROFILER, ConfigError, coerce, fields_with, from_dict
 from rlperf.errors import BadInput
 
 SUITES_DIR = Path(__file__).parent / "suites"
 # A traced run pays the profiler's overhead, so it is never a measurement: tracing belongs to `rlperf profile`.
-NOT_SWEEPABLE = ("trace_dir", "trace_epochs")
-SETTINGS = tuple(name for name in FIELD_TYPES if name not in NOT_SWEEPABLE)
+SETTINGS = tuple(name for name in FIELD_TYPES if name not in fields_with(PROFILER))
 TOP_LEVEL = {
     "description": "a sentence saying what the suite teaches",
     "repeats": "how many times each point runs, each in a fresh process (an integer, 1 or more)",
@@ -190,7 +189,7 @@ class SuiteReader:
 
     def check_setting(self, key: str, name: str, value: Any) -> Any:
         if name not in SETTINGS:
-            hint = " (tracing belongs to `rlperf profile`)" if name in NOT_SWEEPABLE else ""
+            hint = " (tracing belongs to `rlperf profile`)" if name in fields_with(PROFILER) else ""
             raise self.fail(key, f"unknown setting{hint} (allowed: {', '.join(SETTINGS)})")
         try:
             return coerce(name, value)

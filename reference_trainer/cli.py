@@ -9,47 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from reference_trainer.config import PHASES, TrainConfig, from_dict, parse_delay
-
-FLAG_HELP = {
-    "env": "memory, cartpole, synthetic or gym:<id>",
-    "seed": "random seed of the environments and the policy",
-    "total_steps": "agent steps to train for, rounded up to whole epochs of num_envs x horizon",
-    "num_envs": "environments in all ranks together; batch = num_envs x horizon",
-    "horizon": "environment steps per rollout, and the length of the training sequences",
-    "minibatch_size": "agent steps per minibatch, a multiple of horizon x world_size",
-    "update_epochs": "passes over the batch per epoch",
-    "hidden_size": "width of the encoder and the LSTM, in units",
-    "lstm": "use the LSTM core (--no-lstm: an MLP-only policy)",
-    "learning_rate": "Adam's learning rate",
-    "anneal_lr": "lower the learning rate linearly to 0 over the run",
-    "gamma": "discount factor, 0 to 1",
-    "gae_lambda": "GAE lambda, 0 to 1",
-    "clip_coef": "PPO's ratio clip",
-    "vf_coef": "weight of the value loss",
-    "ent_coef": "weight of the entropy bonus",
-    "max_grad_norm": "gradient norm clip",
-    "obs_size": "observation width of env=synthetic, in floats",
-    "num_actions": "actions of env=synthetic",
-    "env_cost_us": "CPU microseconds env=synthetic spins per env per step, to model a costlier env",
-    "device": "cpu, cuda or cuda:N (the first of world_size GPUs)",
-    "threads": "torch CPU threads per process; 0 leaves torch's default (one per physical core), or each rank's "
-               "share of the cores when world_size > 1",
-    "dtype": "fp32, bf16 or fp16 (autocast around forward and loss)",
-    "pinned": "stage host<->device copies in page-locked buffers (CUDA only)",
-    "non_blocking": "asynchronous host<->device copies; needs --pinned (CUDA only)",
-    "cuda_graphs": "capture and replay the rollout step and the update as CUDA graphs (CUDA only)",
-    "copy_stream": "issue host->device copies on a second stream; needs --pinned --non-blocking (CUDA only)",
-    "env_groups": "step the envs in this many groups, overlapping one group's env step with another's forward on a GPU",
-    "compile": "torch.compile the rollout step and forward+loss (compile time reported apart)",
-    "world_size": "ranks (processes), one GPU each on CUDA; num_envs is split among them",
-    "rank_timeout": "seconds a rank may make no progress before the run fails with that rank named",
-    "timers": "per-phase timers (--no-timers to measure their cost)",
-    "warmup_epochs": "epochs left out of the steady SPS",
-    "inject_delay": "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch (repeatable; default none)",
-    "trace_dir": "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
-    "trace_epochs": "steady epochs to trace, at most the run's steady epochs",
-}
+from reference_trainer.config import PHASES, TrainConfig, field_help, from_dict, parse_delay
+from reference_trainer.progress import run_with_progress
 
 
 def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> None:
@@ -58,7 +19,7 @@ def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> No
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        help_text = FLAG_HELP.get(f.name, "")
+        help_text = field_help(f.name)
         if f.name in omit:
             parser.set_defaults(**{f.name: [] if f.name == "inject_delay" else default})
         elif f.name == "inject_delay":
@@ -104,49 +65,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_summary(summary)
     return 0
-
-
-def to_args(values: dict) -> list[str]:
-    """The `rlperf train` flags that reproduce these TrainConfig values (defaults are left out)."""
-    defaults = TrainConfig().to_dict()
-    args = []
-    for name, value in values.items():
-        if value == defaults[name]:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if name == "inject_delay":
-            args += [arg for phase, ms in value.items() for arg in (flag, f"{phase}={ms}")]
-        elif isinstance(value, bool):
-            args.append(flag if value else "--no-" + name.replace("_", "-"))
-        else:
-            args += [flag, str(value)]
-    return args
-
-
-def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, save_policy: str = "") -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from reference_trainer.train import train
-
-    if quiet:
-        return train(cfg, rank, save_policy=save_policy)
-    columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
-               TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
-    with Progress(*columns, transient=True, console=_stderr_console()) as progress:
-        task = progress.add_task("train", total=cfg.num_epochs, sps="-", ret="-")
-
-        def on_epoch(record: dict) -> None:
-            ret = record["mean_episode_return"]
-            progress.update(task, advance=1, sps=f"{record['steps'] / record['seconds']:,.0f}",
-                            ret="-" if ret is None else f"{ret:.3f}")
-
-        return train(cfg, rank, on_epoch, save_policy)
-
-
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def print_summary(summary: dict) -> None:

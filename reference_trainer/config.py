@@ -23,53 +23,74 @@ class ConfigError(ValueError):
         self.field_name = field_name
 
 
+# The roles a field can play beyond configuring the run, each read by the tools that need it.
+SYNTHETIC_ENV = "synthetic env"  # applies to env=synthetic only
+GPU = "gpu"  # needs a CUDA device
+OBSERVER = "observer"  # changes how a run is observed or deliberately perturbed, not what it computes
+PROFILER = "profiler"  # set by `rlperf profile`, never swept by a suite
+MACHINE = "machine"  # names the machine's hardware: two machines run one suite each on their own
+
+
+def knob(default: Any, help: str, *roles: str) -> Any:
+    """A TrainConfig field with its help and roles beside it."""
+    metadata = {"help": help, "roles": frozenset(roles)}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class TrainConfig:
     # what to train on
-    env: str = "memory"
-    seed: int = 1
-    total_steps: int = 200_000
+    env: str = knob("memory", "memory, cartpole, synthetic or gym:<id>")
+    seed: int = knob(1, "random seed of the environments and the policy")
+    total_steps: int = knob(200_000, "agent steps to train for, rounded up to whole epochs of num_envs x horizon")
     # batch: num_envs x horizon agent steps per epoch, split into minibatches of whole sequences
-    num_envs: int = 64
-    horizon: int = 16
-    minibatch_size: int = 512
-    update_epochs: int = 2
+    num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon")
+    horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences")
+    minibatch_size: int = knob(512, "agent steps per minibatch, a multiple of horizon x world_size")
+    update_epochs: int = knob(2, "passes over the batch per epoch")
     # policy
-    hidden_size: int = 64
-    lstm: bool = True
+    hidden_size: int = knob(64, "width of the encoder and the LSTM, in units")
+    lstm: bool = knob(True, "use the LSTM core (--no-lstm: an MLP-only policy)")
     # PPO
-    learning_rate: float = 3e-3
-    anneal_lr: bool = True
-    gamma: float = 0.97
-    gae_lambda: float = 0.95
-    clip_coef: float = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    # synthetic env only
-    obs_size: int = 32
-    num_actions: int = 4
-    env_cost_us: float = 0.0
+    learning_rate: float = knob(3e-3, "Adam's learning rate")
+    anneal_lr: bool = knob(True, "lower the learning rate linearly to 0 over the run")
+    gamma: float = knob(0.97, "discount factor, 0 to 1")
+    gae_lambda: float = knob(0.95, "GAE lambda, 0 to 1")
+    clip_coef: float = knob(0.2, "PPO's ratio clip")
+    vf_coef: float = knob(0.5, "weight of the value loss")
+    ent_coef: float = knob(0.01, "weight of the entropy bonus")
+    max_grad_norm: float = knob(0.5, "gradient norm clip")
+    # the synthetic env
+    obs_size: int = knob(32, "observation width of env=synthetic, in floats", SYNTHETIC_ENV)
+    num_actions: int = knob(4, "actions of env=synthetic", SYNTHETIC_ENV)
+    env_cost_us: float = knob(0.0, "CPU microseconds env=synthetic spins per env per step, to model a costlier env",
+                              SYNTHETIC_ENV)
     # execution knobs
-    device: str = "cpu"
-    threads: int = 0
-    dtype: str = "fp32"
-    pinned: bool = False
-    non_blocking: bool = False
-    cuda_graphs: bool = False
-    copy_stream: bool = False
-    # the rollout steps the environments in this many groups, so the host can step one group while the
-    # device computes another's actions (an overlap only a GPU gives; results do not depend on it)
-    env_groups: int = 1
-    compile: bool = False
-    world_size: int = 1
-    rank_timeout: float = 300.0
+    device: str = knob("cpu", "cpu, cuda or cuda:N (the first of world_size GPUs)", MACHINE)
+    threads: int = knob(0, "torch CPU threads per process; 0 leaves torch's default (one per physical core), or "
+                           "each rank's share of the cores when world_size > 1")
+    dtype: str = knob("fp32", "fp32, bf16 or fp16 (autocast around forward and loss)")
+    pinned: bool = knob(False, "stage host<->device copies in page-locked buffers (CUDA only)", GPU)
+    non_blocking: bool = knob(False, "asynchronous host<->device copies; needs --pinned (CUDA only)", GPU)
+    cuda_graphs: bool = knob(False, "capture and replay the rollout step and the update as CUDA graphs (CUDA only)",
+                             GPU)
+    copy_stream: bool = knob(False, "issue host->device copies on a second stream; needs --pinned --non-blocking "
+                                    "(CUDA only)", GPU)
+    env_groups: int = knob(1, "step the envs in this many groups, overlapping one group's env step with another's "
+                              "forward on a GPU (results do not depend on it)")
+    compile: bool = knob(False, "torch.compile the rollout step and forward+loss (compile time reported apart)")
+    world_size: int = knob(1, "ranks (processes), one GPU each on CUDA; num_envs is split among them")
+    rank_timeout: float = knob(300.0, "seconds a rank may make no progress before the run fails with that rank named")
     # measurement
-    timers: bool = True
-    warmup_epochs: int = 1
-    inject_delay: dict[str, float] = field(default_factory=dict)
-    trace_dir: str = ""
-    trace_epochs: int = 1
+    timers: bool = knob(True, "per-phase timers (--no-timers to measure their cost)")
+    warmup_epochs: int = knob(1, "epochs left out of the steady SPS")
+    inject_delay: dict[str, float] = knob({}, "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch "
+                                              "(repeatable; default none)", OBSERVER)
+    trace_dir: str = knob("", "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
+                          OBSERVER, PROFILER)
+    trace_epochs: int = knob(1, "steady epochs to trace, at most the run's steady epochs", OBSERVER, PROFILER)
 
     @property
     def batch_size(self) -> int:
@@ -94,13 +115,36 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def to_args(self, leave_out: tuple[str, ...] = ()) -> list[str]:
+        """The `rlperf train` flags that reproduce this config (defaults and `leave_out` are left out)."""
+        defaults = TrainConfig()
+        args = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in leave_out or value == getattr(defaults, f.name):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, dict):
+                args += [arg for phase, ms in value.items() for arg in (flag, f"{phase}={ms}")]
+            elif isinstance(value, bool):
+                args.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                args += [flag, str(value)]
+        return args
+
 
 FIELD_TYPES: dict[str, type] = {
     f.name: (dict if f.name == "inject_delay" else {"int": int, "float": float, "bool": bool, "str": str}[f.type])
     for f in dataclasses.fields(TrainConfig)
 }
-SYNTHETIC_ONLY = ("obs_size", "num_actions", "env_cost_us")
-GPU_ONLY = ("pinned", "non_blocking", "cuda_graphs", "copy_stream")
+
+
+def fields_with(role: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if role in f.metadata["roles"])
+
+
+def field_help(name: str) -> str:
+    return TrainConfig.__dataclass_fields__[name].metadata["help"]
 
 
 def _positive(cfg: TrainConfig, *names: str) -> None:
@@ -189,7 +233,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         _positive(cfg, "obs_size", "num_actions")
     else:
         defaults = TrainConfig()
-        for name in SYNTHETIC_ONLY:
+        for name in fields_with(SYNTHETIC_ENV):
             if getattr(cfg, name) != getattr(defaults, name):
                 raise ConfigError(name, f"applies to env=synthetic only (env is {cfg.env})")
 
@@ -198,7 +242,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError("device", f"unknown device {cfg.device!r} (allowed: cpu, cuda, cuda:N)")
     if not cfg.is_cuda:
-        for name in GPU_ONLY:
+        for name in fields_with(GPU):
             if getattr(cfg, name):
                 raise ConfigError(name, "needs a CUDA device (device is cpu)")
         if cfg.dtype == "fp16":

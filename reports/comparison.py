@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from reference_trainer.config import MACHINE, fields_with
 from reports import figures
 from reports.page import Report, Section
 from reports.render import fingerprint_section, fmt_sps, machine_line
@@ -14,9 +15,6 @@ from reports.results import RunData, phase_us_per_step, point_table
 from reports.verdicts import match_key
 
 SECONDS_PER_HOUR = 3600
-# Two machines run a suite on their own devices (`rlperf bench --device`), so the device is not part of a
-# point's identity here.
-MACHINE_FIELDS = ("device",)
 
 
 def sps_per_gpu(sps: float, config: dict) -> float:
@@ -33,9 +31,10 @@ def side_points(run: RunData) -> dict[str, dict]:
     for point in run.points.itertuples():
         label = table.at[point.point_key, "label"]
         if point.status == "ok" and label in shares.index:
-            points[match_key(point.point_key, point.config, MACHINE_FIELDS)] = {"label": label, "config": point.config,
-                                               "sps": table.at[point.point_key, "sps_median"],
-                                               "shares": shares.loc[label]}
+            # two machines run a suite each on their own devices: the device is not part of a point's identity
+            key = match_key(point.point_key, point.config, fields_with(MACHINE))
+            points[key] = {"label": label, "config": point.config, "sps": table.at[point.point_key, "sps_median"],
+                           "shares": shares.loc[label]}
     return points
 
 

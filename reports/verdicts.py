@@ -38,16 +38,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reference_trainer.config import PHASES
+from reference_trainer.config import OBSERVER, PHASES, fields_with
 from reports import intervals
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
 # phase that costs 0.1% of the step explains nothing.
 MIN_PHASE_GROWTH_SHARE = 0.02
-# Fields that change how a run is observed or deliberately perturbed, not what it computes: a traced
-# or delay-injected run is still the same point.
-NOT_MATCHED_FIELDS = ("inject_delay", "trace_dir", "trace_epochs")
 OUTCOMES = ("regressed", "improved", "unchanged", "inconclusive")
 STATUSES = OUTCOMES + ("new", "missing", "failed")
 
@@ -88,9 +85,10 @@ class PointVerdict:
 
 def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> str:
     """Identity of a point across runs: its swept values and its resolved configuration, less the fields
-    that only change how it was observed (and any `ignored` ones). The swept values are part of it because
-    two sweep blocks of one suite can resolve to the same configuration."""
-    kept = {name: value for name, value in config.items() if name not in NOT_MATCHED_FIELDS + ignored}
+    that only change how it was observed or perturbed (a traced or delay-injected run is still the same
+    point) and any `ignored` ones. The swept values are part of it because two sweep blocks of one suite
+    can resolve to the same configuration."""
+    kept = {name: value for name, value in config.items() if name not in fields_with(OBSERVER) + ignored}
     return json.dumps([json.loads(point_key), kept], sort_keys=True)
 
 

@@ -236,11 +236,11 @@ def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
 def test_flags_name_only_changed_settings_and_round_trip_through_the_parser():
     import argparse
 
-    from reference_trainer.cli import config_from_args, configure, to_args
+    from reference_trainer.cli import config_from_args, configure
 
     config = {**TrainConfig().to_dict(), "num_envs": 32, "lstm": False, "learning_rate": 0.001,
               "inject_delay": {"learn": 5.0, "env": 1.5}}
-    flags = to_args(config)
+    flags = TrainConfig(**config).to_args()
     assert flags == ["--num-envs", "32", "--no-lstm", "--learning-rate", "0.001",
                      "--inject-delay", "learn=5.0", "--inject-delay", "env=1.5"]
     parser = argparse.ArgumentParser()
