@@ -6,18 +6,16 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.arguments import MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in, positive_int
 from rlperf.errors import BadInput
+from rlperf.layout import DEFAULT_OUT, STORE_FILE
 
-DEFAULT_OUT = "runs"
-STORE_FILE = "results.sqlite"
 # --until-decided: at most this many pairs of processes per point, within this many seconds in all. On two
 # cores a small point's processes' SPS vary by about 12%, and a 10% slowdown was decided after 24 pairs
 # (resampled: median 24, 90th percentile 34), about 14 s a pair.
@@ -25,37 +23,6 @@ DEFAULT_MAX_REPEATS = 40
 DEFAULT_BUDGET_S = 600.0
 
 
-# A repeat longer than a day is a hung process, not a measurement; a sampler above 100 Hz measures itself
-# (each NVML PCIe reading blocks 20 ms) and floods the store.
-MAX_TIMEOUT_S = 86400.0
-MAX_SAMPLE_HZ = 100.0
-
-
-def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more (got {text!r})")
-    return int(text)
-
-
-def number_in(low: float, high: float, low_included: bool) -> Callable[[str], float]:
-    """An argparse type for a number in [low, high] (or (low, high]); one message for every value outside."""
-    allowed = f"{'from' if low_included else 'above'} {low:g}"
-    if math.isfinite(high):
-        allowed += f" {'to' if low_included else 'and at most'} {high:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (low <= value <= high) or (value == low and not low_included):
-            raise argparse.ArgumentTypeError(f"must be a number {allowed} (got {text!r})")
-        return value
-
-    return parse
-
-
-positive_float = number_in(0, math.inf, low_included=False)
 
 
 def device_choice(text: str) -> str:
@@ -148,18 +115,34 @@ def check_combinations(args: argparse.Namespace) -> None:
 
 
 def sweep(args: argparse.Namespace) -> int:
+    """Sweep, then report: the run is measured and stored, then judged against the baseline if one is named."""
     from benches.sweep import Sweep, SweepOptions
+    from reports.render import render
+    from reports.results import load, load_run
+    from rlperf.store import Store
 
+    # A bad baseline stops here, before any point runs. Loading it now also pins its run: a bare PATH cannot
+    # come to mean this very run once it is the store's latest.
+    baseline = load(args.baseline, field="baseline") if args.baseline else None
     options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export, baseline=args.baseline, wait=args.wait, threshold=args.threshold,
-                           alpha=args.alpha, fail_on_inconclusive=args.fail_on_inconclusive)
-    return Sweep(options).run()
+                           export=args.export, wait=args.wait, threshold=args.threshold, alpha=args.alpha)
+    sweep = Sweep(options)
+    failed = sweep.run()
+    with Store.open(sweep.store_path, readonly=True) as store:
+        candidate = load_run(store, sweep.run_id)
+    out_dir = options.out_dir / sweep.run_id / "report"
+    status, _, _ = render(candidate, str(out_dir), baseline, args.threshold, args.alpha,
+                          fail_on_inconclusive=args.fail_on_inconclusive)
+    against = f" (against {baseline.store_path}::{baseline.run_id})" if baseline else ""
+    verdict = "regressions found" if status else "no regression" if baseline else ""
+    sweep.console.print(f"report: {out_dir}{against}" + (f": {verdict}" if verdict else ""))
+    return 1 if failed or status else 0
 
 
 def against(args: argparse.Namespace) -> int:
     from benches.against import Against, AgainstOptions
-    from benches.sweep import default_console
+    from rlperf.terminal import default_console
 
     options = AgainstOptions(suite=args.suite, ref=args.against, out_dir=Path(args.out), repeats=args.repeats,
                              device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,

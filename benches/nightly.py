@@ -4,7 +4,7 @@ only calls them and each can be tested without a runner.
     python -m benches.nightly locate                 # DATA and BASELINE lines for $GITHUB_ENV
     python -m benches.nightly check-torch            # this interpreter's torch must see CUDA
     python -m benches.nightly now                    # a start mark in the store's time format
-    python -m benches.nightly tonight --store S --since T      # the run this job made, never an older one
+    rlperf runs STORE --latest nightly --since MARK  # (not a step here) the run this job made, never an older one
     python -m benches.nightly check-run --store S --run ID     # complete, every point measured
     python -m benches.nightly compare --data D --run ID --out report
     python -m benches.nightly promote --data D --run ID [--first-night]
@@ -24,8 +24,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from rlperf.layout import STORE_FILE
+
 SUITE = "nightly"
-STORE_FILE = "results.sqlite"
 BASELINE_FILE = "baseline"
 # Run ids are made by the store (time, suite, random suffix); anything else is refused before it is
 # joined into a path, so an empty or odd id can never name the whole data directory.
@@ -94,25 +95,9 @@ def check_torch(args: argparse.Namespace) -> int:
 
 
 def now(args: argparse.Namespace) -> int:
-    from benches.store import utc_now
+    from rlperf.store import utc_now
 
     print(utc_now())
-    return 0
-
-
-def tonight(args: argparse.Namespace) -> int:
-    """The newest run of the suite that started at or after the mark taken before the sweep."""
-    from benches.store import Store
-
-    if not args.store.is_file():
-        raise StepFailed(f"no store at {args.store}: the sweep stored nothing")
-    with Store.open(args.store, readonly=True) as store:
-        runs = store.runs()
-    mine = runs[(runs["suite"] == args.suite) & (runs["started_at"] >= args.since)]
-    if mine.empty:
-        raise StepFailed(f"no run of suite {args.suite} started since {args.since} in {args.store}: "
-                         "the sweep stored nothing tonight (an older run is never reported as tonight's)")
-    print(mine.iloc[-1]["run_id"])
     return 0
 
 
@@ -120,7 +105,7 @@ def run_problems(store_path: Path, run_id: str, suite_path: str | None = None) -
     """Why a run does not count as a night's measurement: not complete, a point failed, timed out, was
     skipped for any reason but needing more GPUs than the machine has (a multi-GPU point), or is missing."""
     from benches import suite as suites
-    from benches.store import Store
+    from rlperf.store import Store
 
     with Store.open(store_path, readonly=True) as store:
         store.require_run(run_id)
@@ -186,9 +171,9 @@ def promote(args: argparse.Namespace) -> int:
     """Makes a run this machine's baseline: a complete run of the nightly suite that measured every point,
     on this machine as it is now (same GPUs, CPU, torch and CUDA). With --first-night, only when the
     machine has no baseline yet."""
-    from benches.fingerprint import collect, machine_key
-    from benches.probe import probe
-    from benches.store import Store
+    from rlperf.machine import collect, machine_key
+    from rlperf.machine import probe
+    from rlperf.store import Store
 
     data = data_dir(args.data)
     store_path = data / STORE_FILE
@@ -268,11 +253,6 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(func=locate)
     steps.add_parser("check-torch", help="fail unless this interpreter's torch sees CUDA").set_defaults(func=check_torch)
     steps.add_parser("now", help="the current time as the store writes it").set_defaults(func=now)
-    sub = steps.add_parser("tonight", help="the run of the suite started since a mark")
-    sub.add_argument("--store", type=Path, required=True)
-    sub.add_argument("--since", required=True, help="a mark from `now`, taken before the sweep")
-    sub.add_argument("--suite", default=SUITE)
-    sub.set_defaults(func=tonight)
     sub = steps.add_parser("check-run", help="fail unless the run is complete with every point measured")
     sub.add_argument("--store", type=Path, required=True)
     sub.add_argument("--run", type=valid_run_id, required=True)

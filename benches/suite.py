@@ -20,8 +20,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
 
-from benches.cli import MAX_SAMPLE_HZ, MAX_TIMEOUT_S
-from benches.store import canonical_json
+from rlperf.arguments import MAX_SAMPLE_HZ, MAX_TIMEOUT_S
+from rlperf.store import canonical_json
 from reference_trainer.config import FIELD_TYPES, PROFILER, ConfigError, coerce, fields_with, from_dict
 from rlperf.errors import BadInput
 

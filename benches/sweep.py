@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,17 +19,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from benches import suite as suites
-from benches.cli import STORE_FILE
-from benches.fingerprint import collect, machine_key
-from benches.probe import Machine, probe
+from rlperf.machine import Machine, collect, machine_key, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from benches.store import PointRecord, Store, check_export_path, open_results, utc_now
+from rlperf.layout import STORE_FILE
+from rlperf.store import PointRecord, Store, check_export_path, utc_now
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.intervals import fewest_repeats
 from reports.verdicts import detectable_alone
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.lock import MeasurementLock
+from rlperf.terminal import default_console
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
 MIN_SHOWN_SHARE = 0.005
@@ -50,11 +49,9 @@ class SweepOptions:
     sample_hz: float | None = None
     label: str | None = None
     export: Path | None = None
-    baseline: str | None = None
     wait: bool = True  # for another sweep measuring on this machine; False refuses instead
     threshold: float = DEFAULT_THRESHOLD
     alpha: float = DEFAULT_ALPHA
-    fail_on_inconclusive: bool = False
 
 
 class Sweep:
@@ -65,6 +62,8 @@ class Sweep:
         self.console = console or default_console()
         self.command_for = command_for
         self.machine = machine
+        self.store_path: Path | None = None  # where run() stored its run, and the run's id
+        self.run_id: str | None = None
 
     def run(self) -> int:
         opts = self.options
@@ -76,12 +75,6 @@ class Sweep:
             suite = suites.load(opts.suite, overrides)
         if opts.export is not None:
             check_export_path(opts.export)
-        if opts.baseline:
-            # A bad baseline stops here, before any point runs; pinning its run keeps a bare PATH from
-            # meaning this very run once it becomes the store's latest.
-            baseline_store, baseline_run = open_results(opts.baseline)
-            baseline_store.close()
-            opts.baseline = f"{opts.baseline.partition('::')[0]}::{baseline_run}"
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
 
@@ -110,8 +103,8 @@ class Sweep:
                 failed = self.print_summary(store, run_id, suite)
                 if opts.export is not None:
                     self.console.print(f"exported {store.export(run_id, opts.export)}")
-        report_status = self.render_report(store_path, run_id, opts.out_dir / run_id / "report")
-        return 1 if failed or report_status else 0
+        self.store_path, self.run_id = store_path, run_id
+        return 1 if failed else 0
 
     def resume_command(self) -> str:
         return f"rlperf bench --suite {self.options.suite} --out {self.options.out_dir} --resume"
@@ -245,18 +238,6 @@ class Sweep:
                                "report's 'Was the machine quiet?' section says which and why.", soft_wrap=True)
         return int(table_data["status"].isin(["failed", "timeout"]).sum())
 
-    def render_report(self, store_path: Path, run_id: str, out_dir: Path) -> int:
-        """Renders the run's report, with verdicts against the baseline when one is configured."""
-        from reports.render import render_run
-
-        status = render_run(str(store_path), run_id, str(out_dir), baseline=self.options.baseline,
-                            threshold=self.options.threshold, alpha=self.options.alpha,
-                            fail_on_inconclusive=self.options.fail_on_inconclusive)
-        against = f" (against {self.options.baseline})" if self.options.baseline else ""
-        verdict = "regressions found" if status else "no regression" if self.options.baseline else ""
-        self.console.print(f"report: {out_dir}{against}" + (f": {verdict}" if verdict else ""))
-        return status
-
 
 class Reserve:
     """RESERVE_BYTES of disk held in a file beside the store for as long as a sweep runs (see RESERVE_BYTES).
@@ -335,9 +316,3 @@ def format_detects(fraction: float | None, alpha: float) -> str:
 def format_seconds(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     return f"{minutes}:{secs:02d}"
-
-
-def default_console() -> Console:
-    probe_console = Console()
-    # Piped output (CI logs, nox) would otherwise be cut to 80 columns and squeeze the table.
-    return probe_console if probe_console.is_terminal else Console(width=160, file=sys.stdout)

@@ -26,7 +26,7 @@ import numpy as np
 from benches.against import look_alphas
 from benches.cli import DEFAULT_MAX_REPEATS
 from benches.runner import PointRunner, UtilizationProbe
-from benches.store import PointRecord, utc_now
+from rlperf.store import PointRecord, utc_now
 from benches.suite import Point
 from reference_trainer.config import TrainConfig
 from reports import intervals

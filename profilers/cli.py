@@ -17,7 +17,7 @@ from pathlib import Path
 from reference_trainer.cli import config_from_args
 from reference_trainer.cli import configure as configure_train
 from reference_trainer.config import TrainConfig
-from benches.cli import MAX_SAMPLE_HZ, number_in, positive_int
+from rlperf.arguments import MAX_SAMPLE_HZ, number_in, positive_int
 from profilers.profile_run import DEFAULT_SAMPLE_HZ
 from rlperf.errors import BadInput, fault, output_dir
 

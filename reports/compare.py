@@ -47,7 +47,7 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benches.sweep import default_console
+    from rlperf.terminal import default_console
     from reports.comparison import build, summary
     from reports.render import print_table, write_report
     from reports.results import load

@@ -10,29 +10,16 @@ import pandas as pd
 
 from reports import figures
 from reports.page import Report, Section, write
-from reports.results import RunData, load, phase_us_per_step, point_table, swept_axes
+from reports.results import RunData, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point,
                               point_label, tally)
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
 from rlperf.errors import BadInput, fault, output_dir
+from rlperf.machine import comparability_differences, gpu_names
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
 # hashes the same ones).
-def gpu_names(fingerprint: dict) -> list[str]:
-    """NVML's list when it answered, else the devices torch saw (the fingerprint keeps NVML's reason)."""
-    gpus = fingerprint.get("gpus")
-    gpus = gpus if isinstance(gpus, list) else fingerprint.get("cuda_devices") or []
-    return [gpu.get("name", "?") for gpu in gpus]
-
-
-COMPARABILITY_FIELDS = {
-    "GPU models": lambda fp: sorted(gpu_names(fp)) or "none",
-    "CPU model": lambda fp: (fp.get("cpu") or {}).get("model"),
-    "CPU cores": lambda fp: (fp.get("cpu") or {}).get("cores_logical"),
-    "torch": lambda fp: fp.get("torch"),
-    "CUDA": lambda fp: fp.get("cuda"),
-}
 UTILIZATION_METRICS = ("gpu_util_percent", "sm_clock_mhz", "power_w", "mem_used_bytes", "cpu_util_percent")
 PROFILED_NOTE = ("Traces come from separate profiled runs; the profiler's own overhead distorts throughput, so "
                  "no SPS figure in this report is ever taken from a profiled run.")
@@ -55,10 +42,6 @@ def machine_line(fingerprint: dict) -> str:
     gpu_text = ", ".join(gpu_names(fingerprint)) or "no GPU"
     return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
             f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
-
-
-def comparability_differences(a: dict, b: dict) -> list[str]:
-    return [f"{name}: {read(a)} vs {read(b)}" for name, read in COMPARABILITY_FIELDS.items() if read(a) != read(b)]
 
 
 def check_baseline(candidate: RunData, baseline: RunData, allow_cross_machine: bool) -> None:
@@ -424,23 +407,14 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
     return report, verdicts
 
 
-def render_run(store_path: str, run_id: str, out_dir: str, baseline: str | None = None,
-               threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
-               allow_cross_machine: bool = False, fail_on_inconclusive: bool = False) -> int:
-    """Writes report.md and report.html for one run into `out_dir`. Returns 1 when a point regressed
-    against `baseline` (a RESULTS argument: `PATH` or `PATH::RUN_ID`), or could not be decided and
-    `fail_on_inconclusive`, else 0; bad input raises BadInput."""
-    candidate = load(f"{store_path}::{run_id}")
-    return render(candidate, out_dir, baseline, threshold, alpha, allow_cross_machine, fail_on_inconclusive)[0]
-
-
-def render(candidate: RunData, out_dir: str, baseline_spec: str | None, threshold: float, alpha: float,
-           allow_cross_machine: bool, fail_on_inconclusive: bool = False
-           ) -> tuple[int, list[PointVerdict], tuple[str, str]]:
+def render(candidate: RunData, out_dir: str, baseline: RunData | None = None,
+           threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA, allow_cross_machine: bool = False,
+           fail_on_inconclusive: bool = False) -> tuple[int, list[PointVerdict], tuple[str, str]]:
+    """Writes report.md and report.html for one run into `out_dir`. The status is 1 when a point regressed
+    against `baseline`, or could not be decided and `fail_on_inconclusive`, else 0; bad input raises
+    BadInput. Returns the status, the verdicts and the two paths."""
     check_criteria(threshold, alpha)
-    baseline = None
-    if baseline_spec:
-        baseline = load(baseline_spec, field="baseline")
+    if baseline is not None:
         check_baseline(candidate, baseline, allow_cross_machine)
     report, verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)

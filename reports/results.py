@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from benches.store import Store, open_results
+from rlperf.store import Store, open_results
 from reference_trainer.config import PHASES
 from reports.verdicts import detectable_alone, point_label
 from rlperf.errors import BadInput

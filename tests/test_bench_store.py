@@ -8,9 +8,8 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from benches.fingerprint import collect, machine_key
-from benches.probe import Machine
-from benches.store import PointRecord, Store, open_results
+from rlperf.machine import Machine, collect, machine_key
+from rlperf.store import PointRecord, Store, open_results
 from rlperf.errors import BadInput
 
 CPU_MACHINE = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])

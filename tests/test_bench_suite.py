@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from benches import suite as suites
-from benches.probe import Machine
-from benches.store import Store
+from rlperf.machine import Machine
+from rlperf.store import Store
 from reference_trainer.config import TrainConfig
 from rlperf.errors import BadInput
 

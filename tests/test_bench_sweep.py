@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -12,14 +13,16 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from rich.console import Console
 
-from benches.probe import Machine
-from benches.store import Store
+from rlperf.machine import Machine
+from rlperf.store import Store
 from benches.sweep import Sweep, SweepOptions
+from rlperf.processes import RANK_DIR_ENV, Heartbeat, heartbeat_path
 
 CPU_MACHINE = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])
 # Tiny real-trainer settings: a few epochs of a small synthetic-env policy, seconds per process.
@@ -172,6 +175,64 @@ def test_sigkill_loses_at_most_the_point_in_flight_and_resume_finishes_the_run(t
         assert list(store.runs()["status"]) == ["complete"] and store.latest_run() == run_id
         assert store.points(run_id)["status"].tolist() == ["ok"] * 4
     assert after["runs"] == 1 and after["points"] == 4 and after["samples"] == 4
+
+
+TWO_RANKS = """
+    repeats = 1
+    sample_hz = 0
+    timeout_s = 600
+
+    [fixed]
+    env = "synthetic"
+    device = "cpu"
+    num_envs = 16
+    horizon = 8
+    hidden_size = 16
+    minibatch_size = 64
+    total_steps = 100000000
+    world_size = 2
+"""
+
+
+def test_sigkill_of_the_harness_ends_the_ranks_of_a_multi_rank_point(tmp_path):
+    """harness -> trainer launcher -> ranks: each dies with the one that started it, so nothing trains on."""
+    suite = tmp_path / "two_ranks.toml"
+    suite.write_text(textwrap.dedent(TWO_RANKS))
+    sweep = subprocess.Popen([sys.executable, "-m", "rlperf", "bench", "--suite", str(suite), "--out", "out"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    descendants: list[psutil.Process] = []
+    try:
+        training_ranks(sweep, 2)
+        descendants = psutil.Process(sweep.pid).children(recursive=True)
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        wait_until_gone(descendants)
+    finally:
+        sweep.kill()
+        for process in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
+def training_ranks(sweep: subprocess.Popen, world_size: int) -> list[psutil.Process]:
+    """The sweep's rank processes once each has beaten (it is training), read from their heartbeat files."""
+    deadline = time.monotonic() + 180  # only a bound: a slow machine waits longer, a fast one does not wait
+    while time.monotonic() < deadline:
+        assert sweep.poll() is None, "the sweep ended before its ranks trained"
+        ranks = []
+        for child in psutil.Process(sweep.pid).children(recursive=True):
+            try:
+                env = child.environ()
+            except psutil.Error:
+                continue
+            if RANK_DIR_ENV in env:
+                progress = Heartbeat.read(heartbeat_path(Path(env[RANK_DIR_ENV]), int(env["RANK"])))
+                if progress is not None and progress.count > 0:
+                    ranks.append(child)
+        if len(ranks) == world_size:
+            return ranks
+        time.sleep(0.1)
+    raise AssertionError(f"{world_size} training ranks did not appear within three minutes")
 
 
 def stored_points(store_path) -> int:

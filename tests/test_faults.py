@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import re
 import sqlite3
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from benches.store import Store
+from rlperf.store import Store
 from rlperf.lock import MeasurementLock
 
 TINY_TRAIN = ["--env", "synthetic", "--num-envs", "16", "--horizon", "8", "--minibatch-size", "64",

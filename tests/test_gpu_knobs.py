@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from benches.fingerprint import nvml_gpus
-from benches.probe import probe
+from rlperf.machine import nvml_gpus, probe
 from benches.runner import config_mismatch
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate

@@ -5,7 +5,7 @@ tests/test_gpu_knobs.py."""
 import pytest
 import torch
 
-from benches.probe import Machine
+from rlperf.machine import Machine
 from reference_trainer.config import ConfigError, TrainConfig, validate
 from reference_trainer.train import rank_device, trace_file_name, train, training_device
 

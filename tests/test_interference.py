@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benches.runner import PointRunner, UtilizationProbe
-from benches.store import PointRecord, utc_now
+from rlperf.store import PointRecord, utc_now
 from benches.suite import Point
 from profilers.interference import OTHERS_CORES_LIMIT, InterferenceMonitor, contention
 from reference_trainer.config import TrainConfig

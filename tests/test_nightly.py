@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from benches import nightly
-from benches.store import PointRecord, Store, canonical_json, utc_now
+from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
 SUITE = """
     description = "a CPU stand-in for the nightly matrix"
@@ -80,16 +80,24 @@ def add_run(data, like: str, points: list[tuple[dict, str]], status="complete", 
     return run_id
 
 
-def test_tonight_is_the_run_made_since_the_mark_never_an_older_one(night, capsys):
+def test_tonight_is_the_run_made_since_the_mark_never_an_older_one(night):
     data, _, mark, run_id = night
-    assert step("tonight", "--store", str(data / "results.sqlite"), "--since", mark) == 0
-    assert capsys.readouterr().out.strip() == run_id
+    store = str(data / "results.sqlite")
+    found = rlperf("runs", store, "--latest", "nightly", "--since", mark)
+    assert found.returncode == 0 and found.stdout.strip() == run_id
     time.sleep(1.1)  # the store's clock has one-second resolution
-    later = utc_now()
-    assert step("tonight", "--store", str(data / "results.sqlite"), "--since", later) == 1
-    out = capsys.readouterr().out
-    assert out.startswith("::error::no run of suite nightly started since") and run_id not in out
-    assert step("tonight", "--store", str(data / "missing.sqlite"), "--since", mark) == 1
+    none = rlperf("runs", store, "--latest", "nightly", "--since", utc_now())
+    assert none.returncode == 2 and none.stdout == "" and run_id not in none.stderr
+    assert none.stderr.startswith("rlperf runs: error: latest: no run of suite 'nightly' started at or after")
+    assert len(none.stderr.splitlines()) == 1
+    missing = rlperf("runs", str(data / "missing.sqlite"), "--latest", "nightly")
+    assert missing.returncode == 2 and "no store at" in missing.stderr
+    listed = rlperf("runs", store)
+    assert listed.returncode == 0 and run_id in listed.stdout and "nightly" in listed.stdout
+
+
+def rlperf(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlperf", *args], capture_output=True, text=True)
 
 
 def test_check_run_passes_a_whole_run_and_names_what_a_partial_one_lacks(night, tmp_path, capsys):

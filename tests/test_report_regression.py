@@ -12,9 +12,9 @@ import sys
 import psutil
 import pytest
 
-from benches.fingerprint import cpu_model, machine_key
+from rlperf.machine import cpu_model, machine_key
 from benches.runner import trainer_command
-from benches.store import PointRecord, Store, utc_now
+from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 
 pytestmark = pytest.mark.slow

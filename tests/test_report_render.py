@@ -17,11 +17,12 @@ import sys
 
 import pytest
 
-from benches.fingerprint import machine_key
+from rlperf.machine import machine_key
 from benches.runner import trainer_command
-from benches.store import PointRecord, Store, utc_now
+from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
-from reports.render import render_run
+from reports.render import render
+from reports.results import load
 from rlperf.cli import main
 
 HOSTILE = "<script>alert('pwned')</script>"
@@ -118,7 +119,7 @@ def store(summary, tmp_path_factory):
 def rendered(store, tmp_path_factory):
     path, baseline, candidate = store
     out = tmp_path_factory.mktemp("report")
-    code = render_run(str(path), candidate, str(out), baseline=f"{path}::{baseline}")
+    code, _, _ = render(load(f"{path}::{candidate}"), str(out), load(f"{path}::{baseline}"))
     return code, (out / "report.md").read_text(), out / "report.html"
 
 
@@ -149,7 +150,7 @@ def test_each_knob_is_compared_with_its_baseline_phase_by_phase(summary, tmp_pat
             db.record_point(run_id, PointRecord(json.dumps(values, sort_keys=True), config, "ok", utc_now(), 5.0,
                                                 samples=samples))
         db.finish_run(run_id, "complete")
-    render_run(str(path), run_id, str(tmp_path / "out"))
+    render(load(f"{path}::{run_id}"), str(tmp_path / "out"))
     markdown = (tmp_path / "out" / "report.md").read_text()
     section = markdown.split("## What each knob changed")[1].split("\n## ")[0]
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
@@ -359,4 +360,7 @@ def test_history_marks_the_run_that_regressed(summary, tmp_path):
     assert [("regressed" not in row.split("|")[4]) and ("–" in row.split("|")[4]) for row in rows] == \
         [True, True, False, True]
     assert "dtype=fp32, num_envs=16 -30" in rows[2]
-    assert (out / "report.html").read_text().count("<svg") == 1
+    # The same slowdown is a change point of each point's SPS, beginning at the third run.
+    changes = [line for line in markdown.splitlines() if re.match(r"\| [^|]+ \| SPS \| regressed \|", line)]
+    assert len(changes) == len(SWEEP) and all(f"| {rows[2].split('|')[1].strip()} |" in row for row in changes)
+    assert (out / "report.html").read_text().count("<svg") == 2  # SPS and phase time over runs

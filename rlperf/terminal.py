@@ -1,0 +1,13 @@
+"""The console every command prints its tables to."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+
+def default_console() -> Console:
+    probe_console = Console()
+    # Piped output (CI logs, nox) would otherwise be cut to 80 columns and squeeze the table.
+    return probe_console if probe_console.is_terminal else Console(width=160, file=sys.stdout)
