@@ -35,8 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benches.sweep import default_console
-    from reports.history import render_history
+    from rlperf.terminal import default_console
+    from reports.history import print_changes, render_history
     from reports.render import print_table, render
     from reports.results import load
     from rlperf.errors import BadInput
@@ -46,13 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if args.history:
         if args.results or args.baseline:
             raise BadInput("history: give either RESULTS or --history STORE, not both")
-        paths, summary = render_history(args.history, args.out, args.threshold, args.alpha)
+        paths, summary, changes = render_history(args.history, args.out, args.threshold, args.alpha)
         print_table(console, summary, "latest run of each suite and machine, against the run before it")
+        print_changes(console, changes)
         console.print(f"history report: {paths[0]} and {paths[1]}", markup=False)
         return 0
     if not args.results:
         raise BadInput("results: a results store is required (PATH or PATH::RUN_ID)")
-    code, verdicts, paths = render(load(args.results), args.out, args.baseline, args.threshold, args.alpha,
+    candidate = load(args.results)
+    baseline = load(args.baseline, field="baseline") if args.baseline else None
+    code, verdicts, paths = render(candidate, args.out, baseline, args.threshold, args.alpha,
                                    args.allow_cross_machine, args.fail_on_inconclusive)
     if verdicts:
         print_verdicts(console, verdicts)

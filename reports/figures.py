@@ -39,6 +39,7 @@ PHASE_COLORS = {
     "train_misc": "#f3d3a8", "train_forward": "#e08a2c", "learn": "#a85a12", "log": "#d9c8e6",
 }
 REGRESSED_COLOR = "#c8423b"
+IMPROVED_COLOR = "#3f9e5a"
 _XML_PROLOG = re.compile(r"^.*?(?=<svg)", re.S)
 _FIXED_SIZE = re.compile(r'(<svg[^>]*?)\s(width|height)="[^"]*"')
 
@@ -206,9 +207,10 @@ def _bytes(size: int) -> str:
     return f"{size:g} TiB"
 
 
-def history(trend: pd.DataFrame, columns: int = 2) -> str:
-    """SPS over runs, one panel per point; regressed runs marked. `trend`: label, order, commit, sps,
-    regressed (bool)."""
+def history(trend: pd.DataFrame, levels: pd.DataFrame, marks: pd.DataFrame, columns: int = 2) -> str:
+    """SPS over runs, one panel per point; regressed runs marked; change points as dashed lines with the level
+    of each stretch between them shaded. `trend`: label, order, commit, sps, regressed (bool); `levels`: label,
+    first, last (orders), level, low, high; `marks`: label, order, metric, worse, note."""
     labels = list(dict.fromkeys(trend["label"]))
     rows = -(-len(labels) // columns)
     with rc_context(STYLE):
@@ -217,15 +219,56 @@ def history(trend: pd.DataFrame, columns: int = 2) -> str:
         ticks = trend.drop_duplicates("order").sort_values("order")
         for ax, label in zip(axes, labels):
             frame = trend[trend["label"] == label].sort_values("order")
+            for stretch in levels[levels["label"] == label].itertuples():
+                span = [stretch.first - 0.4, stretch.last + 0.4]
+                ax.fill_between(span, stretch.low, stretch.high, color=PALETTE[0], alpha=0.12, lw=0)
+                ax.plot(span, [stretch.level] * 2, color=PALETTE[0], lw=1.2, alpha=0.6)
             ax.plot(frame["order"], frame["sps"], "o-", ms=3.5, color=PALETTE[0])
             bad = frame[frame["regressed"]]
             ax.plot(bad["order"], bad["sps"], "v", ms=9, color=REGRESSED_COLOR, label="regressed")
+            _change_lines(ax, marks[(marks["label"] == label) & (marks["metric"] == "SPS")])
             ax.set_title(_short(label, 44), fontsize=9)
             ax.set_ylim(bottom=0)
             ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
             ax.set_ylabel("SPS")
             if not bad.empty:
                 ax.legend(loc="lower left")
+        for ax in axes[len(labels):]:
+            ax.set_visible(False)
+        return to_svg(figure)
+
+
+def _change_lines(ax, marks: pd.DataFrame, note: str = "note") -> None:
+    """A dashed line just before each run where a change began, named at the top of the panel."""
+    for mark in marks.itertuples():
+        color = REGRESSED_COLOR if mark.worse else IMPROVED_COLOR
+        ax.axvline(mark.order - 0.5, color=color, ls="--", lw=1.2)
+        ax.annotate(getattr(mark, note), (mark.order - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -2),
+                    textcoords="offset points", va="top", fontsize=7, color=color)
+
+
+def phase_history(trend: pd.DataFrame, marks: pd.DataFrame, columns: int = 2) -> str:
+    """Time per agent step of each phase over runs, one panel per point, change points marked as in the SPS
+    panels. `trend`: label, order, commit, phase, us_per_step; `marks`: label, order, metric, worse, phase_note."""
+    labels = list(dict.fromkeys(trend["label"]))
+    rows = -(-len(labels) // columns)
+    with rc_context(STYLE):
+        figure = _new(4.2 * columns, 2.9 * rows)
+        axes = figure.subplots(rows, columns, squeeze=False).ravel()
+        ticks = trend.drop_duplicates("order").sort_values("order")
+        for ax, label in zip(axes, labels):
+            frame = trend[trend["label"] == label]
+            for phase, line in frame.groupby("phase", sort=False):
+                line = line.sort_values("order")
+                ax.plot(line["order"], line["us_per_step"], "o-", ms=2.5, lw=1.2, label=phase,
+                        color=PHASE_COLORS.get(phase, "#bbbbbb"))
+            _change_lines(ax, marks[marks["label"] == label], "phase_note")
+            ax.set_title(_short(label, 44), fontsize=9)
+            ax.set_ylim(bottom=0)
+            ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
+            ax.set_ylabel("µs per agent step")
+        if labels:
+            axes[0].legend(ncols=4, loc="lower left", bbox_to_anchor=(0.0, 1.12), fontsize=7)
         for ax in axes[len(labels):]:
             ax.set_visible(False)
         return to_svg(figure)

@@ -1,27 +1,31 @@
 """`rlperf report --history STORE`: the nightly trend. Runs are grouped by suite and machine (only those
 compare), ordered by start time, and each is judged against the run before it, so a marked point is
-where a point got slower."""
+where a point got slower. Change points (reports/changepoints.py) then look at the whole series at once: the
+runs where a point's SPS or a phase's time per step moved to a new level and stayed there."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from benches.store import Store
-from reports import figures
+from reference_trainer.config import PHASES
+from rlperf.store import Store
+from reports import changepoints, figures
+from reports.changepoints import ChangePoint
 from reports.page import Report, Section
 from reports.criteria import check_criteria
-from reports.render import fmt_change, write_report
+from reports.render import fmt_change, fmt_p, fmt_sps, write_report
 from reports.results import RunData, load_run, point_table
-from reports.verdicts import judge
+from reports.verdicts import fmt_interval, judge, phase_per_step, quiet
 from rlperf.errors import BadInput
 
 FINISHED = ("complete", "interrupted")
 
 
 def render_history(store_path: str, out_dir: str, threshold: float,
-                   alpha: float) -> tuple[tuple[str, str], pd.DataFrame]:
-    """Writes the history report; returns its paths and a summary (one row per suite and machine)."""
+                   alpha: float) -> tuple[tuple[str, str], pd.DataFrame, pd.DataFrame]:
+    """Writes the history report; returns its paths, a summary (one row per suite and machine) and the table
+    of change points."""
     check_criteria(threshold, alpha)
     try:
         store = Store.open(store_path, readonly=True)
@@ -31,19 +35,26 @@ def render_history(store_path: str, out_dir: str, threshold: float,
     runs = runs[runs["status"].isin(FINISHED)]
     if runs.empty:
         raise BadInput(f"history: {store_path} holds no finished runs")
-    sections, summary = [], []
+    sections, summary, change_tables = [], [], []
     for (suite, machine_key), group in runs.groupby(["suite", "machine_key"], sort=False):
         loaded = [load_run(store, run_id, "history") for run_id in group["run_id"]]
-        section, rows = trend_section(suite, machine_key, loaded, threshold, alpha)
+        section, rows, changes = trend_section(suite, machine_key, loaded, threshold, alpha)
         sections.append(section)
+        machine = section.title.partition(" · ")[2]
         latest = rows[-1]
-        summary.append({"suite": suite, "machine": section.title.partition(" · ")[2], "runs": len(rows),
+        summary.append({"suite": suite, "machine": machine, "runs": len(rows),
                         "latest run": latest["run"], "commit": latest["commit"],
-                        "regressed in it": latest["regressed"]})
+                        "regressed in it": latest["regressed"], "change points": len(changes)})
+        if changes:
+            change_tables.append(change_table(changes, loaded).assign(suite=suite, machine=machine))
     report = Report(f"rlperf history · {store_path}",
                     f"{len(runs)} finished runs; each judged against the previous run of the same suite on the "
-                    f"same machine (threshold {threshold:.0%}, alpha {alpha:g})", sections)
-    return write_report(report, out_dir), pd.DataFrame(summary)
+                    f"same machine (threshold {threshold:.0%}, alpha {alpha:g}), and change points found over "
+                    "each whole series", sections)
+    changes = pd.concat(change_tables, ignore_index=True) if change_tables else pd.DataFrame()
+    if not changes.empty:
+        changes = changes[["suite", "machine"] + [c for c in changes.columns if c not in ("suite", "machine")]]
+    return write_report(report, out_dir), pd.DataFrame(summary), changes
 
 
 def run_tick(run: RunData) -> str:
@@ -53,7 +64,7 @@ def run_tick(run: RunData) -> str:
 
 
 def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: float,
-                  alpha: float) -> tuple[Section, list[dict]]:
+                  alpha: float) -> tuple[Section, list[dict], list[ChangePoint]]:
     trend, rows = [], []
     previous = None
     for order, run in enumerate(runs):
@@ -72,10 +83,115 @@ def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: 
             "improved": sum(v.status == "improved" for v in verdicts),
         })
         previous = run
+    changes = changepoints.find(runs, threshold, alpha)
+    ticks = [run_tick(run) for run in runs]
     text = [f"Suite {suite} on machine {machine_key}: {len(runs)} runs. A red triangle marks a run in which the "
-            "point regressed against the run before it."]
+            "point regressed against the run before it; a dashed line marks a change point, with the level of "
+            "the runs either side shaded (their middle half of repeats).", change_rule_text(threshold, alpha)]
+    text += [f"{change.point}: {change.sentence()} (run {change.run_id}, {ticks[change.order]}; "
+             f"{fmt_change(change.shift.estimate)} {fmt_interval(change.shift)}, p={fmt_p(change.p_value)})"
+             for change in changes] or ["No change points: no point's SPS or phase time moved to a new level."]
     trend_frame = pd.DataFrame(trend)
-    svgs = [figures.history(trend_frame)] if not trend_frame.empty else []
-    section = Section(f"{suite} · {runs[-1].fingerprint.get('hostname') or machine_key}", text, [pd.DataFrame(rows)],
-                      svgs)
-    return section, rows
+    svgs = []
+    if not trend_frame.empty:
+        svgs.append(figures.history(trend_frame, sps_levels(changes), change_marks(changes)))
+    phases = phase_trend(runs)
+    if not phases.empty:
+        svgs.append(figures.phase_history(phases, change_marks(changes)))
+    tables = [pd.DataFrame(rows)] + ([change_table(changes, runs)] if changes else [])
+    section = Section(f"{suite} · {runs[-1].fingerprint.get('hostname') or machine_key}", text, tables, svgs)
+    return section, rows, changes
+
+
+def print_changes(console, changes: pd.DataFrame) -> None:
+    """The change points on the terminal: names, runs and intervals never wrap (CI logs are grepped for them);
+    the phases take the rest. Cells are text, not markup: labels come from results."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if changes.empty:
+        console.print("change points: none (no point's SPS or phase time moved to a new level)")
+        return
+    table = Table(title="change points: where a level shifted and stayed")
+    columns = ["suite", "point", "metric", "status", "run", "change (interval)", "p"]
+    if changes["machine"].nunique() > 1:
+        columns.insert(1, "machine")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    table.add_column("phases that moved", overflow="fold")
+    styles = {"regressed": "bold red", "improved": "green"}
+    for row in changes.to_dict("records"):
+        cells = [Text(str(row[column]), style=styles.get(row[column], "") if column == "status" else "")
+                 for column in columns]
+        table.add_row(*cells, Text(row["phases that moved"]))
+    console.print(table)
+
+
+def change_rule_text(threshold: float, alpha: float) -> str:
+    return ("Change points: for each point's SPS and each phase's time per step, the split of the runs whose "
+            "repeats differ most before and after (Mann–Whitney), kept when shuffling the repeats among the runs "
+            "rarely gives as large a difference at any split (p below Benjamini–Hochberg's level over every "
+            f"series at {alpha:g}) and when the shift is beyond ±{threshold:.0%}; each side is then searched "
+            "again. A change's interval is the exact Mann–Whitney interval of the repeats between neighbouring "
+            f"change points at {1 - alpha:.0%}; phases that moved are those whose time per step changed beyond "
+            f"±{threshold:.0%} at the same runs.")
+
+
+def fmt_level(metric: str, value: float) -> str:
+    return fmt_sps(value) if metric == changepoints.SPS else f"{value * 1e6:.3g} µs/step"
+
+
+def change_table(changes: list[ChangePoint], runs: list[RunData]) -> pd.DataFrame:
+    """One row per change point: where it began, its size with interval and p, and the phases that moved."""
+    return pd.DataFrame([{
+        "point": change.point, "metric": change.metric, "status": "regressed" if change.worse else "improved",
+        "began at": run_tick(runs[change.order]), "run": change.run_id,
+        "before → after": f"{fmt_level(change.metric, change.before)} → {fmt_level(change.metric, change.after)}",
+        "change (interval)": f"{fmt_change(change.shift.estimate)} {fmt_interval(change.shift)}",
+        "p": fmt_p(change.p_value),
+        "runs before/after": f"{change.runs_before}/{change.runs_after}",
+        "phases that moved": ", ".join(f"{phase} {fmt_change(moved.estimate)}" for phase, moved in change.phases_moved)
+        or ("–" if change.metric != changepoints.SPS else "no single phase beyond the threshold"),
+    } for change in changes])
+
+
+def sps_levels(changes: list[ChangePoint]) -> pd.DataFrame:
+    """The level (median and middle half of the repeats) of each stretch of runs between SPS change points."""
+    levels = []
+    for label in dict.fromkeys(c.point for c in changes if c.metric == changepoints.SPS):
+        ordered = [c for c in changes if c.metric == changepoints.SPS and c.point == label]
+        for index, change in enumerate(ordered):
+            if index == 0:
+                levels.append({"label": label, "first": change.span[0], "last": change.order - 1,
+                               "level": change.before, "low": change.before_band[0], "high": change.before_band[1]})
+            last = ordered[index + 1].order - 1 if index + 1 < len(ordered) else change.span[1]
+            levels.append({"label": label, "first": change.order, "last": last, "level": change.after,
+                           "low": change.after_band[0], "high": change.after_band[1]})
+    return pd.DataFrame(levels, columns=["label", "first", "last", "level", "low", "high"])
+
+
+def change_marks(changes: list[ChangePoint]) -> pd.DataFrame:
+    """Where each change began, named on the SPS panels by its size and on the phase panels by the phases
+    that moved."""
+    return pd.DataFrame([{"label": c.point, "order": c.order, "metric": c.metric, "worse": c.worse,
+                          "note": f"{c.metric} {fmt_change(c.shift.estimate)}",
+                          "phase_note": ", ".join(f"{phase} {fmt_change(moved.estimate)}"
+                                                  for phase, moved in c.phases_moved[:2])
+                          or f"{c.metric} {fmt_change(c.shift.estimate)}"} for c in changes],
+                        columns=["label", "order", "metric", "worse", "note", "phase_note"])
+
+
+def phase_trend(runs: list[RunData]) -> pd.DataFrame:
+    """Microseconds per agent step in each phase, median of each run's quiet repeats, per point."""
+    rows = []
+    for order, run in enumerate(runs):
+        for point in point_table(run).itertuples():
+            samples = quiet(run.samples[run.samples["point_key"] == point.point_key])
+            if point.status != "ok" or samples.empty:
+                continue
+            for phase in PHASES:
+                per_step = phase_per_step(samples, phase)
+                if (per_step > 0).any():
+                    rows.append({"label": point.label, "order": order, "commit": run_tick(run), "phase": phase,
+                                 "us_per_step": float(np.median(per_step[per_step > 0])) * 1e6})
+    return pd.DataFrame(rows)
