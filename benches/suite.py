@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
 
 from rlperf.arguments import MAX_SAMPLE_HZ, MAX_TIMEOUT_S
-from rlperf.store import canonical_json
+from rlperf.store import canonical_json, plain, point_label
 from reference_trainer.config import FIELD_TYPES, PROFILER, ConfigError, coerce, fields_with, from_dict
 from rlperf.errors import BadInput
 
@@ -51,7 +51,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        return axes_label(self.axes)
+        return point_label(self.axes)
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,6 @@ class Suite:
     profile: bool
     axis_names: tuple[str, ...]
     points: tuple[Point, ...]
-
-
-def format_value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def axes_label(axes: dict[str, Any]) -> str:
-    return " ".join(f"{name}={format_value(value)}" for name, value in axes.items()) or "(fixed settings)"
 
 
 def available_suites() -> list[str]:
@@ -214,7 +206,7 @@ class SuiteReader:
             for i, value in enumerate(axes[name]):
                 if value in axes[name][:i]:
                     # A repeated value would silently collapse into one point.
-                    raise self.fail(f"{key}.{name}[{i}]", f"repeats the value {format_value(value)}; list each value "
+                    raise self.fail(f"{key}.{name}[{i}]", f"repeats the value {plain(value)}; list each value "
                                                           "once")
         return axes
 
@@ -240,7 +232,7 @@ class SuiteReader:
         try:
             config = from_dict({**fixed, **axes}).to_dict()
         except ConfigError as exc:
-            raise self.fail(f"point [{axes_label(axes)}]", str(exc)) from None
+            raise self.fail(f"point [{point_label(axes)}]", str(exc)) from None
         return Point(key=canonical_json(axes), axes=axes, config=config)
 
 

@@ -22,7 +22,7 @@ from benches import suite as suites
 from rlperf.machine import Machine, collect, machine_key, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from rlperf.layout import STORE_FILE
-from rlperf.store import PointRecord, Store, check_export_path, utc_now
+from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.intervals import fewest_repeats
@@ -220,7 +220,7 @@ class Sweep:
         for phase in shown_phases:
             table.add_column(phase, justify="right")
         for row in table_data.to_dict("records"):
-            values = [suites.format_value(row["axes"][name]) if name in row["axes"] else "" for name in axes]
+            values = [plain(row["axes"][name]) if name in row["axes"] else "" for name in axes]
             values += [row["status"], str(row["n"]), format_count(row["sps_median"]), format_spread(row["spread"]),
                        format_count(row["sps_e2e_median"]), format_contended(row["contended"], row["n"]),
                        format_detects(row["detects"], self.options.alpha)]

@@ -12,11 +12,11 @@ from reports import figures
 from reports.page import Report, Section, write
 from reports.results import RunData, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
-from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point,
-                              point_label, tally)
+from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point, tally
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
 from rlperf.errors import BadInput, fault, output_dir
 from rlperf.machine import comparability_differences, gpu_names
+from rlperf.store import point_label
 
 # Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
 # hashes the same ones).
@@ -240,7 +240,7 @@ def axes_section(run: RunData, table: pd.DataFrame) -> Section | None:
             values = json.loads(point_key)
             if axis not in values or not np.isfinite(sps):
                 continue
-            others = ", ".join(f"{k}={v}" for k, v in values.items() if k != axis and k in axes)
+            others = point_label({k: v for k, v in values.items() if k != axis and k in axes})
             lines.setdefault(others, []).append({"x": values[axis], "sps": sps})
         frames = {label: pd.DataFrame(rows).sort_values("x") if _sortable(rows) else pd.DataFrame(rows)
                   for label, rows in lines.items() if rows}
@@ -265,7 +265,7 @@ def scaling_section(run: RunData, table: pd.DataFrame) -> Section | None:
         values = json.loads(point_key)
         if "world_size" not in values or not np.isfinite(sps):
             continue
-        others = ", ".join(f"{k}={v}" for k, v in values.items() if k != "world_size")
+        others = point_label({k: v for k, v in values.items() if k != "world_size"})
         groups.setdefault(others, []).append({"world_size": int(values["world_size"]), "sps": sps})
     rows, frames = [], {}
     for label, entries in groups.items():

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlperf.store import Store, open_results
+from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import PHASES
-from reports.verdicts import detectable_alone, point_label
+from reports.verdicts import detectable_alone
 from rlperf.errors import BadInput
 
 

@@ -41,6 +41,7 @@ from scipy import stats
 from reference_trainer.config import OBSERVER, PHASES, fields_with
 from reports import intervals
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.store import point_label
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
 # phase that costs 0.1% of the step explains nothing.
@@ -90,22 +91,6 @@ def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> st
     can resolve to the same configuration."""
     kept = {name: value for name, value in config.items() if name not in fields_with(OBSERVER) + ignored}
     return json.dumps([json.loads(point_key), kept], sort_keys=True)
-
-
-def point_label(point_key: str) -> str:
-    """`num_envs=64, dtype=bf16` from the canonical JSON of the swept values."""
-    values = json.loads(point_key) if point_key else {}
-    if not values:
-        return "default"
-    return ", ".join(f"{name}={_plain(value)}" for name, value in values.items())
-
-
-def _plain(value) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}={_plain(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
 
 
 def is_contended(summary: dict) -> bool:

@@ -107,6 +107,23 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def point_label(values: dict[str, Any] | str) -> str:
+    """A point's name wherever one is shown: `dtype=bf16, num_envs=64` from its swept values, or from its
+    stored key (their canonical JSON); `default` when nothing is swept."""
+    if isinstance(values, str):
+        values = json.loads(values) if values else {}
+    return ", ".join(f"{name}={plain(value)}" for name, value in values.items()) or "default"
+
+
+def plain(value: Any) -> str:
+    """A setting's value as a point label shows it: `true`, `4,84,84`, `{learn=5.0}`."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={plain(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 @dataclass
 class PointRecord:
     """One finished point: its row, its samples (repeat, trainer summary) and its utilization series."""

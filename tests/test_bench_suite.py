@@ -61,8 +61,8 @@ def test_sweep_blocks_cross_the_top_level_axes_and_pool_their_points(tmp_path):
         pinned = [true]
     """)
     labels = [p.label for p in suites.load(str(path)).points]
-    assert labels == ["num_envs=64", "num_envs=128", "num_envs=64 lstm=false", "num_envs=128 lstm=false",
-                      "num_envs=64 device=cuda pinned=true", "num_envs=128 device=cuda pinned=true"]
+    assert labels == ["num_envs=64", "num_envs=128", "num_envs=64, lstm=false", "num_envs=128, lstm=false",
+                      "num_envs=64, device=cuda, pinned=true", "num_envs=128, device=cuda, pinned=true"]
 
 
 def test_shipped_suites_load_and_smoke_sweeps_batch_dtype_and_lstm_on_cpu():

@@ -112,7 +112,7 @@ def test_crash_hang_and_ignored_setting_become_stored_points_and_the_sweep_goes_
     # the hanging stand-in was killed with its whole process group, not left behind
     assert not [p for p in psutil.process_iter(["cmdline"]) if "hang" in (p.info["cmdline"] or [])]
     text = screen.file.getvalue()
-    assert "[5/5] num_envs=40 dtype=bf16: 1,040 SPS" in text and "timeout" in text
+    assert "[5/5] num_envs=40, dtype=bf16: 1,040 SPS" in text and "timeout" in text
 
 
 def run_bench(*args, cwd):
@@ -129,7 +129,7 @@ def test_real_trainer_sweep_stores_every_sample_and_exports(tmp_path):
     """)
     done = run_bench("--suite", str(suite), "--out", "out", "--export", "out/samples.csv", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "[2/2] num_envs=8 lstm=false:" in done.stdout and "SPS" in done.stdout
+    assert "[2/2] num_envs=8, lstm=false:" in done.stdout and "SPS" in done.stdout
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
         run_id = store.latest_run()
         counts = store.row_counts()

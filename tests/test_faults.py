@@ -401,7 +401,7 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default(lock):
 
 def stored_label(store: Path, run_id: str) -> str:
     """The label reports give the run's one point (about 50 characters: wider than an 80-column cell)."""
-    from reports.verdicts import point_label
+    from rlperf.store import point_label
 
     with Store.open(store, readonly=True) as opened:
         return point_label(opened.points(run_id)["point_key"].iloc[0])
