@@ -44,7 +44,8 @@ from scipy import stats
 from reference_trainer.config import PHASES
 from reports import intervals
 from reports.results import RunData
-from reports.verdicts import MIN_PHASE_GROWTH_SHARE, match_key, phase_per_step, point_label, quiet
+from reports.verdicts import MIN_PHASE_GROWTH_SHARE, match_key, phase_per_step, quiet
+from rlperf.store import point_label
 
 SPS = "SPS"
 # 9,999 shuffles resolve p-values down to 1e-4: below the level Benjamini-Hochberg asks of the first of
