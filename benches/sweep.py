@@ -19,16 +19,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from benches import suite as suites
-from rlperf.machine import Machine, collect, machine_key, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from rlperf.layout import STORE_FILE
-from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.intervals import fewest_repeats
-from reports.verdicts import detectable_alone
+from reports.results import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
+from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
+from rlperf.machine import Machine, collect, machine_key, probe
+from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
 from rlperf.terminal import default_console
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
@@ -203,7 +203,7 @@ class Sweep:
         order = {point.key: index for index, point in enumerate(suite.points)}
         points = store.points(run_id)
         points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
-        table_data = summarise(points, store.samples(run_id), self.options.threshold, self.options.alpha)
+        table_data = summarize_points(points, store.samples(run_id), self.options.threshold, self.options.alpha)
         table = Table(title=f"run {run_id} ({suite.name}): steady SPS per point, median of the repeats")
         axes = list(suite.axis_names)
         shown_phases = [phase for phase in PHASES if f"share.{phase}" in table_data
@@ -220,10 +220,11 @@ class Sweep:
         for phase in shown_phases:
             table.add_column(phase, justify="right")
         for row in table_data.to_dict("records"):
-            values = [plain(row["axes"][name]) if name in row["axes"] else "" for name in axes]
-            values += [row["status"], str(row["n"]), format_count(row["sps_median"]), format_spread(row["spread"]),
-                       format_count(row["sps_e2e_median"]), format_contended(row["contended"], row["n"]),
-                       format_detects(row["detects"], self.options.alpha)]
+            swept = json.loads(row["point_key"])
+            values = [plain(swept[name]) if name in swept else "" for name in axes]
+            values += [row["status"], str(row["repeats"]), format_count(row["sps_median"]),
+                       format_spread(row["spread"]), format_count(row["sps_end_to_end"]),
+                       format_contended(row["contended"], row["repeats"]), format_detects(row["detects"], self.options.alpha)]
             values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
             table.add_row(*values)
         self.console.print(table)
@@ -262,28 +263,6 @@ class Reserve:
         self.release()
 
 
-def summarise(points: pd.DataFrame, samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
-              alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
-    """One row per point: status, sample count, median and spread of SPS, contended repeats, the smallest
-    slowdown the repeats would catch, phase shares of steady time."""
-    rows = []
-    for point in points.itertuples(index=False):
-        mine = samples[samples["point_key"] == point.point_key]
-        row: dict[str, Any] = {"axes": json.loads(point.point_key), "status": point.status, "n": len(mine),
-                               "sps_median": None, "spread": None, "sps_e2e_median": None, "contended": None,
-                               "detects": None}
-        if len(mine):
-            median = mine["sps"].median()
-            contended, detects = detectable_alone(mine, threshold, alpha)
-            row.update(sps_median=median, spread=(mine["sps"].max() - mine["sps"].min()) / median if median else None,
-                       sps_e2e_median=mine["sps_end_to_end"].median(), contended=contended, detects=detects)
-            steady = sum(summary["steady_seconds"] for summary in mine["summary"])
-            for phase in PHASES:
-                row[f"share.{phase}"] = sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else None
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def point_result_text(record: PointRecord) -> str:
     if record.status != "ok":
         return record.status
@@ -304,7 +283,7 @@ def format_share(value: float | None) -> str:
 
 
 def format_contended(count: float | None, repeats: int) -> str:
-    return "" if count is None or pd.isna(count) else f"{int(count)}/{repeats}"
+    return "" if not repeats or count is None or pd.isna(count) else f"{int(count)}/{repeats}"
 
 
 def format_detects(fraction: float | None, alpha: float) -> str:

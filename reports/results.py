@@ -10,6 +10,7 @@ import pandas as pd
 
 from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import PHASES
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.verdicts import detectable_alone
 from rlperf.errors import BadInput
 
@@ -58,31 +59,43 @@ def load_run(store: Store, run_id: str, field: str = "results") -> RunData:
                    store.utilization(run_id), collectives, store.traces(run_id))
 
 
-def point_table(run: RunData) -> pd.DataFrame:
-    """One row per point in the run's order: status, SPS median and spread over repeats, and more."""
+def point_table(run: RunData, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    return summarize_points(run.points, run.samples, threshold, alpha)
+
+
+def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
+                     alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    """One row per point, in the order of `points`: status, SPS median and spread over repeats, contended
+    repeats, the smallest slowdown the repeats would catch (`detects`), and each phase's share of steady time
+    (`share.PHASE`). The bench's table and every report read this one summary."""
     rows = []
-    for point in run.points.itertuples():
-        samples = run.samples[run.samples["point_key"] == point.point_key]
-        sps = samples["sps"].to_numpy(dtype=float)
-        summaries = list(samples["summary"])
-        contended, detects = detectable_alone(samples) if len(sps) else (0, np.nan)
+    for point in points.itertuples():
+        mine = samples[samples["point_key"] == point.point_key]
+        sps = mine["sps"].to_numpy(dtype=float)
+        summaries = list(mine["summary"])
+        contended, detects = detectable_alone(mine, threshold, alpha) if len(sps) else (0, np.nan)
+        median = float(np.median(sps)) if len(sps) else np.nan
+        steady = sum(summary["steady_seconds"] for summary in summaries)
         rows.append({
             "point_key": point.point_key,
             "label": point_label(point.point_key),
             "status": point.status,
             "reason": point.reason or "",
-            "repeats": len(samples),
+            "repeats": len(mine),
             "sps_repeats": list(sps),
-            "sps_median": float(np.median(sps)) if len(sps) else np.nan,
+            "sps_median": median,
             "sps_min": float(sps.min()) if len(sps) else np.nan,
             "sps_max": float(sps.max()) if len(sps) else np.nan,
-            "sps_end_to_end": float(samples["sps_end_to_end"].median()) if len(sps) else np.nan,
-            "warmup_seconds": float(samples["warmup_seconds"].median()) if len(sps) else np.nan,
-            "mean_episode_return": _median_or_nan(samples["mean_episode_return"]),
+            "spread": (sps.max() - sps.min()) / median if len(sps) and median else np.nan,
+            "sps_end_to_end": float(mine["sps_end_to_end"].median()) if len(sps) else np.nan,
+            "warmup_seconds": float(mine["warmup_seconds"].median()) if len(sps) else np.nan,
+            "mean_episode_return": _median_or_nan(mine["mean_episode_return"]),
             "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
             "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
-            "contended": contended if len(sps) else 0,
-            "detects": detects if len(sps) else np.nan,
+            "contended": contended,
+            "detects": detects,
+            **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
+               for phase in PHASES},
         })
     return pd.DataFrame(rows)
 
