@@ -118,7 +118,7 @@ def sweep(args: argparse.Namespace) -> int:
     """Sweep, then report: the run is measured and stored, then judged against the baseline if one is named."""
     from benches.sweep import Sweep, SweepOptions
     from reports.render import render
-    from reports.results import load, load_run
+    from reports.rundata import load, load_run
     from rlperf.store import Store
 
     # A bad baseline stops here, before any point runs. Loading it now also pins its run: a bare PATH cannot

@@ -43,7 +43,7 @@ from scipy import stats
 
 from reference_trainer.config import PHASES
 from reports import intervals
-from reports.results import RunData
+from reports.rundata import RunData
 from reports.verdicts import MIN_PHASE_GROWTH_SHARE, match_key, phase_per_step, quiet
 from rlperf.store import point_label
 

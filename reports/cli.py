@@ -35,11 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlperf.terminal import default_console
+    from reports.formatting import print_table
     from reports.history import print_changes, render_history
-    from reports.render import print_table, render
-    from reports.results import load
+    from reports.render import render
+    from reports.rundata import load
     from rlperf.errors import BadInput
+    from rlperf.terminal import default_console
 
     # Piped output (CI logs) stays wide, as the bench's table does, so point names are not split.
     console = default_console()
@@ -67,7 +68,7 @@ def print_verdicts(console, verdicts) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from reports.render import fmt_change, fmt_detectable, fmt_sps
+    from reports.formatting import fmt_change, fmt_detectable, fmt_sps
     from reports.verdicts import fmt_interval
 
     colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan",

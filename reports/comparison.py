@@ -10,8 +10,8 @@ import pandas as pd
 from reference_trainer.config import MACHINE, fields_with
 from reports import figures
 from reports.page import Report, Section
-from reports.render import fingerprint_section, fmt_sps, machine_line
-from reports.results import RunData, phase_us_per_step, point_table
+from reports.formatting import fingerprint_section, fmt_sps, machine_line
+from reports.rundata import RunData, phase_us_per_step, point_table
 from reports.verdicts import match_key
 
 SECONDS_PER_HOUR = 3600

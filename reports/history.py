@@ -14,8 +14,9 @@ from reports import changepoints, figures
 from reports.changepoints import ChangePoint
 from reports.page import Report, Section
 from reports.criteria import check_criteria
-from reports.render import fmt_change, fmt_p, fmt_sps, write_report
-from reports.results import RunData, load_run, point_table
+from reports.formatting import fmt_change, fmt_p, fmt_sps
+from reports.page import write_report
+from reports.rundata import RunData, load_run, point_table
 from reports.verdicts import fmt_interval, judge, phase_per_step, quiet
 from rlperf.errors import BadInput
 

@@ -10,8 +10,11 @@ import html
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
+
+from rlperf.errors import fault, output_dir
 
 STATUS_COLUMN = "status"
 
@@ -157,3 +160,19 @@ def to_html(report: Report) -> str:
         + "".join(sections)
         + "<footer>rlperf report · self-contained: opens offline, fetches nothing.</footer></main></body></html>\n"
     )
+
+
+def write_report(report: Report, out_dir: str) -> tuple[str, str]:
+    """Writes report.md and report.html into `out_dir` (the --out of every report command). A file there is
+    bad input; a directory the machine cannot write to is a fault, after which no half-written report and
+    no directory created for it remain."""
+    existed = Path(out_dir).is_dir()
+    output_dir(out_dir, "out")
+    try:
+        return write(report, out_dir)
+    except OSError as exc:
+        for name in ("report.md", "report.html"):
+            (Path(out_dir) / name).unlink(missing_ok=True)
+        if not existed:
+            Path(out_dir).rmdir()
+        raise fault(out_dir, exc) from None

@@ -3,45 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from reports import figures
-from reports.page import Report, Section, write
-from reports.results import RunData, phase_us_per_step, point_table, swept_axes
+from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
+from reports.page import Report, Section, write_report
+from reports.rundata import RunData, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point, tally
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
-from rlperf.errors import BadInput, fault, output_dir
-from rlperf.machine import comparability_differences, gpu_names
+from rlperf.errors import BadInput
+from rlperf.machine import comparability_differences
 from rlperf.store import point_label
 
-# Fingerprint fields that decide whether two machines' figures can be compared (the store's machine_key
-# hashes the same ones).
 UTILIZATION_METRICS = ("gpu_util_percent", "sm_clock_mhz", "power_w", "mem_used_bytes", "cpu_util_percent")
 PROFILED_NOTE = ("Traces come from separate profiled runs; the profiler's own overhead distorts throughput, so "
                  "no SPS figure in this report is ever taken from a profiled run.")
-
-
-def fmt_sps(value: float) -> str:
-    return "–" if value is None or not np.isfinite(value) else f"{value:,.0f}"
-
-
-def fmt_change(relative: float) -> str:
-    return f"{relative * 100:+.1f}%"
-
-
-def fmt_p(p_value: float) -> str:
-    return f"{p_value:.1e}" if p_value < 1e-3 else f"{p_value:.2g}"
-
-
-def machine_line(fingerprint: dict) -> str:
-    cpu = fingerprint.get("cpu") or {}
-    gpu_text = ", ".join(gpu_names(fingerprint)) or "no GPU"
-    return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
-            f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
 
 
 def check_baseline(candidate: RunData, baseline: RunData, allow_cross_machine: bool) -> None:
@@ -100,10 +79,6 @@ def verdict_rule_text(threshold: float, alpha: float) -> str:
             f"interval lies within ±{threshold:.0%}. Inconclusive: neither; the note says why and about how many "
             f"repeats a side would decide it. Repeats run on a contended machine are left out. 'detects' is the "
             f"smallest slowdown these repeats would catch 95% of the time, given their noise.")
-
-
-def fmt_detectable(fraction: float) -> str:
-    return "none (too few repeats)" if not np.isfinite(fraction) else f"≥ {fraction:.0%}"
 
 
 def sps_section(table: pd.DataFrame) -> Section:
@@ -370,24 +345,6 @@ def _fmt_optional(value) -> str:
     return "–" if value is None else f"{value:.3g}"
 
 
-def fingerprint_section(run: RunData) -> Section:
-    rows = []
-
-    def flatten(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                flatten(f"{prefix}.{key}" if prefix else str(key), inner)
-        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            for index, item in enumerate(value):
-                flatten(f"{prefix}[{index}]", item)
-        else:
-            rows.append({"field": prefix, "value": "–" if value in (None, [], "") else str(value)})
-
-    flatten("", run.fingerprint)
-    text = [f"Machine key {run.info['machine_key']}: runs compare only with runs of the same key."]
-    return Section("Machine fingerprint", text, [pd.DataFrame(rows)])
-
-
 def build(candidate: RunData, baseline: RunData | None = None, threshold: float = DEFAULT_THRESHOLD,
           alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict]]:
     table = point_table(candidate)
@@ -419,33 +376,3 @@ def render(candidate: RunData, out_dir: str, baseline: RunData | None = None,
     report, verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)
     return exit_code(verdicts, fail_on_inconclusive), verdicts, paths
-
-
-def write_report(report: Report, out_dir: str) -> tuple[str, str]:
-    """Writes report.md and report.html into `out_dir` (the --out of every report command). A file there is
-    bad input; a directory the machine cannot write to is a fault, after which no half-written report and
-    no directory created for it remain."""
-    existed = Path(out_dir).is_dir()
-    output_dir(out_dir, "out")
-    try:
-        return write(report, out_dir)
-    except OSError as exc:
-        for name in ("report.md", "report.html"):
-            (Path(out_dir) / name).unlink(missing_ok=True)
-        if not existed:
-            Path(out_dir).rmdir()
-        raise fault(out_dir, exc) from None
-
-
-def print_table(console, frame: pd.DataFrame, title: str) -> None:
-    """A small table on the terminal; cells are text, never markup (labels come from results)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=title)
-    for column in frame.columns:
-        table.add_column(str(column))
-    for row in frame.itertuples(index=False):
-        table.add_row(*(Text(str(value)) for value in row))
-    console.print(table)
-

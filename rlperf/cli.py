@@ -20,7 +20,8 @@ SUBCOMMANDS = {
     "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
     "collectives": ("benches.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
     "report": ("reports.cli", "render a report and regression verdicts from stored results"),
-    "compare": ("reports.compare", "compare two machines' results side by side"),
+    "compare": ("reports.compare_cli", "compare two machines' results side by side"),
+    "runs": ("reports.runs_cli", "list a store's runs, or print the newest run id of a suite"),
     "profile": ("profilers.cli", "run the trainer under torch.profiler, NVML sampling and py-spy"),
 }
 

@@ -18,7 +18,7 @@ import pytest
 from rlperf.store import Store
 from reference_trainer.config import PHASES
 from reports import changepoints
-from reports.results import RunData, load_run
+from reports.rundata import RunData, load_run
 
 PROCESS_NOISE = 0.12  # log SD of one process's SPS on this machine
 STEADY_STEPS = 1000

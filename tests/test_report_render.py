@@ -22,7 +22,7 @@ from benches.runner import trainer_command
 from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 from reports.render import render
-from reports.results import load
+from reports.rundata import load
 from rlperf.cli import main
 
 HOSTILE = "<script>alert('pwned')</script>"

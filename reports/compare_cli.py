@@ -47,10 +47,11 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlperf.terminal import default_console
     from reports.comparison import build, summary
-    from reports.render import print_table, write_report
-    from reports.results import load
+    from reports.formatting import print_table
+    from reports.page import write_report
+    from reports.rundata import load
+    from rlperf.terminal import default_console
 
     labels = {"A": "A", "B": "B", **parse_sides(args.label, "label")}
     prices = parse_prices(args.price)

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"latest: no run of suite {args.latest!r}{since} in {args.store}")
         print(mine.iloc[-1]["run_id"])
         return 0
-    from reports.render import print_table
+    from reports.formatting import print_table
 
     table = runs[list(COLUMNS)].copy()
     table["git_commit"] = table["git_commit"].fillna("").str[:10]

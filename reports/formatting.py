@@ -1,0 +1,64 @@
+"""How figures read wherever the reports show them: on pages, in terminal tables, in one-line notes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from reports.page import Section
+from reports.rundata import RunData
+from rlperf.machine import gpu_names
+
+
+def fmt_sps(value: float) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:,.0f}"
+
+
+def fmt_change(relative: float) -> str:
+    return f"{relative * 100:+.1f}%"
+
+
+def fmt_p(p_value: float) -> str:
+    return f"{p_value:.1e}" if p_value < 1e-3 else f"{p_value:.2g}"
+
+
+def machine_line(fingerprint: dict) -> str:
+    cpu = fingerprint.get("cpu") or {}
+    gpu_text = ", ".join(gpu_names(fingerprint)) or "no GPU"
+    return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
+            f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
+
+
+def fmt_detectable(fraction: float) -> str:
+    return "none (too few repeats)" if not np.isfinite(fraction) else f"≥ {fraction:.0%}"
+
+
+def fingerprint_section(run: RunData) -> Section:
+    rows = []
+
+    def flatten(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for index, item in enumerate(value):
+                flatten(f"{prefix}[{index}]", item)
+        else:
+            rows.append({"field": prefix, "value": "–" if value in (None, [], "") else str(value)})
+
+    flatten("", run.fingerprint)
+    text = [f"Machine key {run.info['machine_key']}: runs compare only with runs of the same key."]
+    return Section("Machine fingerprint", text, [pd.DataFrame(rows)])
+
+
+def print_table(console, frame: pd.DataFrame, title: str) -> None:
+    """A small table on the terminal; cells are text, never markup (labels come from results)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title)
+    for column in frame.columns:
+        table.add_column(str(column))
+    for row in frame.itertuples(index=False):
+        table.add_row(*(Text(str(value)) for value in row))
+    console.print(table)
