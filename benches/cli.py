@@ -12,15 +12,11 @@ import signal
 from pathlib import Path
 
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
+                              positive_int)
 from rlperf.errors import BadInput
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 
-# --until-decided: at most this many pairs of processes per point, within this many seconds in all. On two
-# cores a small point's processes' SPS vary by about 12%, and a 10% slowdown was decided after 24 pairs
-# (resampled: median 24, 90th percentile 34), about 14 s a pair.
-DEFAULT_MAX_REPEATS = 40
-DEFAULT_BUDGET_S = 600.0
 
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from benches.against import look_alphas
-from benches.cli import DEFAULT_MAX_REPEATS
+from rlperf.arguments import DEFAULT_MAX_REPEATS
 from benches.runner import PointRunner, UtilizationProbe
 from rlperf.store import PointRecord, utc_now
 from benches.suite import Point

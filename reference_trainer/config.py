@@ -10,17 +10,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlperf.errors import ConfigError
+
 PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
 BUILTIN_ENVS = ("memory", "cartpole", "synthetic")
 DTYPES = ("fp32", "bf16", "fp16")
-
-
-class ConfigError(ValueError):
-    """Bad input: names the field and what is allowed."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field_name = field_name
 
 
 # The roles a field can play beyond configuring the run, each read by the tools that need it.

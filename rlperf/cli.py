@@ -11,7 +11,6 @@ import importlib
 import sqlite3
 import sys
 
-from reference_trainer.config import ConfigError
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault
 
 SUBCOMMANDS = {
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except (ConfigError, BadInput) as exc:
+    except BadInput as exc:
         sys.stderr.write(f"rlperf {args.command}: error: {exc}\n")
         return 2
     except MachineFault as exc:

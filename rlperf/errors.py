@@ -15,6 +15,14 @@ class BadInput(Exception):
     the command line prints it and exits with code 2."""
 
 
+class ConfigError(BadInput, ValueError):
+    """A setting of the trainer's config that cannot be used: names the field and what is allowed."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name
+
+
 class MachineFault(Exception):
     """The machine refused a write (read-only file system, disk full, permission denied). The message is
     one line naming the path and the cause; the command line prints it and exits with code 1."""
