@@ -32,15 +32,15 @@ import pandas as pd
 from rich.console import Console
 
 from benches import suite as suites
-from benches.cli import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, STORE_FILE
-from benches.fingerprint import REPO_ROOT, collect, machine_key
-from benches.probe import Machine, probe
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from benches.store import PointRecord, Store, utc_now
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.verdicts import OUTCOMES, PointVerdict, exit_code, fmt_interval, judge, judge_point, point_label
+from reports.verdicts import OUTCOMES, PointVerdict, exit_code, fmt_interval, judge, judge_point
+from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput, output_dir
+from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
+from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
+from rlperf.store import PointRecord, Store, point_label, utc_now
 
 FIRST_LOOK = 8  # pairs: the fewest at which a completely separated point clears a look's share of alpha
 LOOK_GROWTH = 1.4
@@ -165,12 +165,14 @@ class Against:
                 for run_id in (ref_run, new_run):
                     store.finish_run(run_id, "complete")
         from reports.cli import print_verdicts
-        from reports.render import render_run
+        from reports.render import render
+        from reports.rundata import load_run
 
         print_verdicts(self.console, verdicts)
         report_dir = opts.out_dir / new_run / "report"
-        render_run(str(store_path), new_run, str(report_dir), baseline=f"{store_path}::{ref_run}",
-                   threshold=opts.threshold, alpha=opts.alpha)
+        with Store.open(store_path, readonly=True) as store:
+            candidate, baseline = load_run(store, new_run), load_run(store, ref_run, "baseline")
+        render(candidate, str(report_dir), baseline, opts.threshold, opts.alpha)
         self.console.print(f"report: {report_dir} (the working tree against {opts.ref}); "
                            f"`rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` judges again")
         failed = any(v.status == "failed" for v in verdicts)
