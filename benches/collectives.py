@@ -34,7 +34,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
-from benches.cli import DEFAULT_OUT, STORE_FILE, positive_float, positive_int
+from rlperf.arguments import positive_float, positive_int
+from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput
 from rlperf.ports import PortTaken, port_taken, with_free_port
 
@@ -165,7 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "exceed the slowest single collective")
     parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
                         help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
-    parser.add_argument("--label", help="a note stored with the run")
+    parser.add_argument("--label", help="a note stored with the run (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,9 +192,9 @@ def check_backend(backend: str, world_size: int, local_ranks: int, gpu_count: in
 # ---- the launcher -------------------------------------------------------------------------------------------
 
 def run_launcher(args: argparse.Namespace) -> int:
-    from benches.probe import probe
-    from benches.store import Store
-    from benches.sweep import default_console
+    from rlperf.machine import probe
+    from rlperf.store import Store
+    from rlperf.terminal import default_console
 
     machine = probe()
     backend = args.backend or ("nccl" if machine.gpus and machine.nccl else "gloo")
@@ -382,9 +383,9 @@ def run_external_rank(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from benches.probe import Machine, describe_torch
-    from benches.store import Store
-    from benches.sweep import default_console
+    from rlperf.machine import Machine, describe_torch
+    from rlperf.store import Store
+    from rlperf.terminal import default_console
 
     world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     if args.world_size is not None and args.world_size != world_size:
@@ -560,7 +561,7 @@ def zeroed(ok: bool, data) -> bool:
 def save(store, result: dict, settings: Settings, machine, label: str | None) -> str:
     """Adds one run holding the rows, with the fingerprint bench runs carry; the settings are its
     `suite_overrides` and their hash its `suite_hash`."""
-    from benches.fingerprint import collect, machine_key
+    from rlperf.machine import collect, machine_key
 
     described = {**asdict(settings), "max_bytes": result["max_bytes"], "ops": list(OPS),
                  "element": "float32", "device_name": result["device_name"]}

@@ -14,17 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benches.store import PointRecord, utc_now
+from rlperf.store import PointRecord, utc_now
 from benches.suite import Point
 from profilers.interference import InterferenceMonitor
-from reference_trainer.cli import to_args
+from reference_trainer.config import from_dict
 
 REASON_LINES = 8
 REASON_CHARS = 2000
 
 
 def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "rlperf", "train", *to_args(config), "--json", str(summary_path)]
+    return [python, "-m", "rlperf", "train", *from_dict(config).to_args(), "--json", str(summary_path)]
 
 
 def last_lines(log_path: Path) -> str:

@@ -5,7 +5,6 @@ Used by `rlperf profile` and by the bench harness for points marked `profile = t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -43,7 +42,7 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
     the machine when not given; only those are sampled, never a neighbour's GPU."""
     out_dir = Path(out_dir)
     summary_path = out_dir / RUN_SUMMARY_NAME
-    train = [sys.executable, "-m", "rlperf", "train", *train_argv(cfg), "--trace-dir", str(out_dir),
+    train = [sys.executable, "-m", "rlperf", "train", *cfg.to_args(leave_out=("trace_dir",)), "--trace-dir", str(out_dir),
              "--json", str(summary_path), "--quiet"]
     messages: list[str] = []
     pyspy_info: dict | None = None
@@ -111,27 +110,9 @@ def run_gpu_uuids(cfg: TrainConfig) -> list[str]:
     """The UUIDs of the GPUs this run uses (none on a CPU), as the bench harness finds them."""
     if not cfg.is_cuda:
         return []
-    from benches.probe import probe
+    from rlperf.machine import probe
 
     return probe().gpu_uuids(cfg.to_dict())
-
-
-def train_argv(cfg: TrainConfig) -> list[str]:
-    """`rlperf train` flags that reproduce `cfg`, except trace_dir, which the caller sets."""
-    argv = []
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "trace_dir":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(cfg, f.name)
-        if f.name == "inject_delay":
-            for phase, ms in value.items():
-                argv += [flag, f"{phase}={ms}"]
-        elif isinstance(value, bool):
-            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 def _pyspy_command(out_dir: Path, rate: int, follow: bool, train: list[str]) -> tuple[dict, list[str] | None]:

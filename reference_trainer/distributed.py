@@ -70,7 +70,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from reference_trainer.cli import run_with_progress
+    from reference_trainer.progress import run_with_progress
     from reference_trainer.train import Rank, training_device
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -118,15 +118,13 @@ def launch(cfg: TrainConfig, save_policy: str) -> dict:
 
 
 def run_ranks(cfg: TrainConfig, save_policy: str, tmp: Path, port: int) -> dict:
-    from reference_trainer.cli import to_args
-
     summary_path = tmp / "summary.json"
     env = {**os.environ, "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), HEARTBEAT_DIR: str(tmp)}
     ranks = []
     try:
         for rank in range(cfg.world_size):
-            args = [sys.executable, "-m", "rlperf", "train", *to_args(cfg.to_dict()), "--quiet"]
+            args = [sys.executable, "-m", "rlperf", "train", *cfg.to_args(), "--quiet"]
             if rank == 0:
                 args += ["--json", str(summary_path)] + (["--save-policy", save_policy] if save_policy else [])
             with open(tmp / f"rank{rank}.log", "w") as log:
