@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from benches.against import FIRST_LOOK, look_alphas, looks, resolve_commit
-from benches.fingerprint import REPO_ROOT
-from benches.store import Store
+from rlperf.machine import REPO_ROOT
+from rlperf.store import Store
 from rlperf.errors import BadInput
 
 TINY_SUITE = """

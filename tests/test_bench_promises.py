@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benches.store import Store
+from rlperf.store import Store
 from profilers import interference
 from rlperf.cli import main
 

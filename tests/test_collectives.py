@@ -24,7 +24,7 @@ from rich.console import Console
 import rlperf.ports as ports
 from benches.collectives import (FIRST_OP_STAGE, LAUNCH_DIR_ENV, OPS, STARTUP_SECONDS, Heartbeat, RankFailed,
                                  Settings, bus_factor, element_counts, launch)
-from benches.store import Store
+from rlperf.store import Store
 from rlperf.ports import PortTaken, port_taken, with_free_port
 
 COLLECTIVES = [sys.executable, "-m", "rlperf", "collectives"]
