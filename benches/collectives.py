@@ -2,7 +2,7 @@
 
 Launching. Under torchrun (or any launcher that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT) this
 process is one rank, and rank 0 prints and stores the results. Otherwise it starts `--world-size` rank
-processes on this machine and watches them: a rank that exits badly, or a job in which no rank enters a new
+processes on this machine and watches them (rlperf.processes): a rank that exits badly, or enters no new
 collective for `--rank-timeout` seconds, fails the run with the rank named, and the other ranks are stopped.
 
 Measuring. Each size of each op runs once with its result checked, then `--warmup` times, then `--iters`
@@ -19,14 +19,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import mmap
 import os
 import re
-import signal
-import struct
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -37,7 +32,7 @@ from typing import Any, Callable
 from rlperf.arguments import positive_float, positive_int
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput
-from rlperf.ports import PortTaken, port_taken, with_free_port
+from rlperf.processes import RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 BACKENDS = ("gloo", "nccl")
@@ -51,20 +46,9 @@ DEFAULT_WARMUP = 5
 DEFAULT_RANK_TIMEOUT = 120.0
 SUITE = "collectives"
 
-# Set for the rank processes this command starts itself: where they find their heartbeat files and where
-# rank 0 leaves the results for the launcher.
-LAUNCH_DIR_ENV = "RLPERF_COLLECTIVES_DIR"
-RESULT_FILE = "result.json"
-POLL_SECONDS = 0.1
-# Starting a rank (importing torch, joining the group) is not a collective, and eight ranks importing torch
-# at once on a busy host can take tens of seconds: until every rank has joined, this is the least allowed.
-STARTUP_SECONDS = 60.0
+RESULT_FILE = "result.json"  # where, in the ranks' directory, rank 0 leaves the results for the launcher
 # Heartbeat stages before the first op; op i is stage FIRST_OP_STAGE + i.
 STARTING, JOINING, AGREEING, FIRST_OP_STAGE = 0, 1, 2, 3
-
-
-class RankFailed(Exception):
-    """A rank died or stopped making progress; the message names it."""
 
 
 # ---- sizes and bandwidth ------------------------------------------------------------------------------------
@@ -161,9 +145,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
                         help=f"untimed iterations before them (default {DEFAULT_WARMUP})")
     parser.add_argument("--rank-timeout", type=positive_float, default=DEFAULT_RANK_TIMEOUT, metavar="S",
-                        help="fail when no rank enters a new collective for this long (default "
-                             f"{DEFAULT_RANK_TIMEOUT:g}; at least {STARTUP_SECONDS:g} while ranks start); it must "
-                             "exceed the slowest single collective")
+                        help="fail when a rank enters no new collective for this long (default "
+                             f"{DEFAULT_RANK_TIMEOUT:g}; at least {STARTUP_GRACE_SECONDS:g} while it starts); it "
+                             "must exceed the slowest single collective")
     parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
                         help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
     parser.add_argument("--label", help="a note stored with the run (default: none)")
@@ -172,7 +156,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_bytes is not None and args.max_bytes < args.min_bytes:
         raise BadInput(f"max_bytes: must be at least --min-bytes ({args.min_bytes}), got {args.max_bytes}")
-    if LAUNCH_DIR_ENV in os.environ:
+    if RANK_DIR_ENV in os.environ:
         return run_launched_rank(args)
     if "RANK" in os.environ:
         return run_external_rank(args)
@@ -216,165 +200,44 @@ def run_launcher(args: argparse.Namespace) -> int:
 
 
 def launch(settings: Settings, console) -> dict:
-    """Starts the rank processes, watches them, and returns rank 0's result; a rendezvous port taken by
-    another process in the meantime costs a retry on a fresh port."""
-    return with_free_port(lambda port: launch_on(port, settings, console))
+    """Starts the rank processes, watches them, and returns rank 0's result."""
+    def command_for(rank: int, directory: Path) -> list[str]:
+        return [sys.executable, "-m", "rlperf", "collectives", *settings.as_args()]
+
+    def result(directory: Path) -> dict:
+        return json.loads((directory / RESULT_FILE).read_text())
+
+    with console.status("starting ranks") as status:
+        def show_progress(progress: list[Progress]) -> None:
+            status.update(f"{settings.world_size} {settings.backend} ranks: {describe_stage(progress[0])}")
+
+        return launch_ranks(settings.world_size, command_for, result, settings.rank_timeout, describe_stage,
+                            show_progress)
 
 
-def launch_on(port: int, settings: Settings, console) -> dict:
-    with tempfile.TemporaryDirectory(prefix="rlperf-collectives-") as tmp:
-        workdir = Path(tmp)
-        env = {**os.environ, "WORLD_SIZE": str(settings.world_size), "LOCAL_WORLD_SIZE": str(settings.world_size),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LAUNCH_DIR_ENV: tmp}
-        ranks = []
-        try:
-            for rank in range(settings.world_size):
-                Heartbeat.create(workdir, rank)
-                # benches.launch makes each rank die with this process, even when it is killed outright.
-                command = [sys.executable, "-m", "benches.launch", str(os.getpid()), sys.executable, "-m", "rlperf",
-                           "collectives", *settings.as_args()]
-                with open(workdir / f"rank{rank}.log", "w") as log:
-                    ranks.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                                  stdout=log, stderr=subprocess.STDOUT))
-            with console.status("starting ranks") as status:
-                try:
-                    watch(ranks, workdir, settings.rank_timeout,
-                          lambda stage, nbytes: status.update(f"{settings.world_size} {settings.backend} ranks: "
-                                                              f"{describe_stage(stage, nbytes)}"))
-                except RankFailed:
-                    logs = [(workdir / f"rank{rank}.log").read_text(errors="replace") for rank in range(len(ranks))]
-                    if any(port_taken(log) for log in logs):
-                        raise PortTaken(port) from None
-                    raise
-        finally:
-            for proc in ranks:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-        return json.loads((workdir / RESULT_FILE).read_text())
-
-
-def describe_stage(stage: int, nbytes: int) -> str:
-    if stage == STARTING:
+def describe_stage(progress: Progress) -> str:
+    if progress.stage == STARTING:
         return "starting"
-    if stage == JOINING:
+    if progress.stage == JOINING:
         return "joining the process group"
-    if stage == AGREEING:
+    if progress.stage == AGREEING:
         return "agreeing on message sizes"
-    return f"{OPS[stage - FIRST_OP_STAGE]} of {format_bytes(nbytes)}"
-
-
-def watch(ranks: list[subprocess.Popen], workdir: Path, timeout: float,
-          on_progress: Callable[[int, int], None]) -> None:
-    """Returns when every rank exited cleanly; raises RankFailed when one exits badly or the job stalls.
-
-    The job stalls when no rank's count moves for `timeout` seconds, or for STARTUP_SECONDS while a rank is
-    still starting or joining. The grace period follows the ranks' stages, not their counts: the count the
-    launcher wrote when it created the heartbeat file is no beat, and a rank that has not joined yet is
-    still starting however long ago that file appeared."""
-    started = time.monotonic()
-    last_counts = [count for count, _, _ in (Heartbeat.read(workdir, rank) for rank in range(len(ranks)))]
-    # when each rank's count last moved; a rank that never beat has been silent since the launch
-    last_change = [started] * len(ranks)
-    while True:
-        codes = [proc.poll() for proc in ranks]
-        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
-            # A killed rank makes its peers fail too ("connection closed"): name the killed one first.
-            failed.sort(key=lambda rank: (codes[rank] >= 0, rank))
-            raise RankFailed("; ".join(exit_text(rank, codes[rank], workdir) for rank in failed))
-        if all(code == 0 for code in codes):
-            return
-        beats = [Heartbeat.read(workdir, rank) for rank in range(len(ranks))]
-        now = time.monotonic()
-        moved = False
-        for rank, (count, _, _) in enumerate(beats):
-            if count != last_counts[rank]:
-                last_counts[rank], last_change[rank] = count, now
-                moved = True
-        if moved:
-            on_progress(*beats[0][1:])
-        starting = any(stage <= JOINING for _, stage, _ in beats)
-        limit = max(timeout, STARTUP_SECONDS) if starting else timeout
-        if now - max(last_change) > limit:
-            raise RankFailed(stall_text(beats, codes, limit, [now - change for change in last_change]))
-        time.sleep(POLL_SECONDS)
-
-
-def exit_text(rank: int, code: int, workdir: Path) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"rank {rank} was killed by {name}"
-    lines = [line for line in (workdir / f"rank{rank}.log").read_text(errors="replace").splitlines() if line.strip()]
-    return f"rank {rank} exited with code {code} ({lines[-1].strip() if lines else 'no message'})"
-
-
-def stall_text(beats: list[tuple[int, int, int]], codes: list[int | None], limit: float,
-               silences: list[float]) -> str:
-    """Ranks that entered fewer collectives than the others are the ones holding the job up; when all
-    entered the same number, every rank is stuck inside the same collective. The silence stated is the
-    named ranks' own, measured, not the limit it passed."""
-    running = [rank for rank, code in enumerate(codes) if code is None]
-    fewest = min(beats[rank][0] for rank in running)
-    behind = [rank for rank in running if beats[rank][0] == fewest]
-    where = describe_stage(*beats[behind[0]][1:])
-    names = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
-    silent = f"made no progress for {min(silences[rank] for rank in behind):.1f} s (rank_timeout {limit:g} s)"
-    if len(behind) < len(running):
-        others = max(running, key=lambda rank: beats[rank][0])
-        return f"{names} {silent} at {where}; the other ranks wait in {describe_stage(*beats[others][1:])}"
-    return f"{names} {silent}, all inside {where}"
-
-
-class Heartbeat:
-    """Three int64 slots in a small file the launcher reads: collectives entered so far, the stage, and
-    the message size. A store into the mapped page costs well under a microsecond, so it can sit between
-    timed collectives. Without a launcher (torchrun) the slots are plain memory."""
-
-    SLOTS = struct.Struct("3q")
-
-    def __init__(self, path: Path | None):
-        if path is None:
-            self._slots = memoryview(bytearray(self.SLOTS.size)).cast("q")
-            return
-        with open(path, "r+b") as file:
-            self._map = mmap.mmap(file.fileno(), self.SLOTS.size)
-        self._slots = memoryview(self._map).cast("q")
-
-    @classmethod
-    def create(cls, workdir: Path, rank: int) -> None:
-        (workdir / f"rank{rank}.beat").write_bytes(cls.SLOTS.pack(0, STARTING, 0))
-
-    @classmethod
-    def read(cls, workdir: Path, rank: int) -> tuple[int, int, int]:
-        return cls.SLOTS.unpack((workdir / f"rank{rank}.beat").read_bytes())
-
-    def enter(self, stage: int, nbytes: int = 0) -> None:
-        self._slots[1] = stage
-        self._slots[2] = nbytes
-        self._slots[0] += 1
-
-    def tick(self) -> None:
-        self._slots[0] += 1
+    return f"{OPS[progress.stage - FIRST_OP_STAGE]} of {format_bytes(progress.size)}"
 
 
 # ---- the ranks ----------------------------------------------------------------------------------------------
 
 def run_launched_rank(args: argparse.Namespace) -> int:
-    workdir = Path(os.environ[LAUNCH_DIR_ENV])
-    rank = int(os.environ["RANK"])
     settings = Settings(args.world_size, args.backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                         args.rank_timeout)
     # The launcher's watchdog decides first; the process group's own timeout is the backstop.
-    backstop = timedelta(seconds=2 * max(args.rank_timeout, STARTUP_SECONDS))
-    result = measure(settings, Heartbeat(workdir / f"rank{rank}.beat"), backstop)
+    backstop = timedelta(seconds=2 * max(args.rank_timeout, STARTUP_GRACE_SECONDS))
+    result = measure(settings, Heartbeat.of_this_rank(), backstop)
     if result is not None:
-        partial = workdir / f"{RESULT_FILE}.partial"
+        directory = Path(os.environ[RANK_DIR_ENV])
+        partial = directory / f"{RESULT_FILE}.partial"
         partial.write_text(json.dumps(result))
-        partial.rename(workdir / RESULT_FILE)
+        partial.rename(directory / RESULT_FILE)
     return 0
 
 
@@ -401,7 +264,7 @@ def run_external_rank(args: argparse.Namespace) -> int:
         args.store.parent.mkdir(parents=True, exist_ok=True)
         store = Store.open(args.store)
     try:
-        result = measure(settings, Heartbeat(None), timedelta(seconds=args.rank_timeout))
+        result = measure(settings, Heartbeat(), timedelta(seconds=args.rank_timeout))
         if store is None:
             return 0
         run_id = save(store, result, settings, Machine(**describe_torch()), args.label)
@@ -412,7 +275,7 @@ def run_external_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(settings: Settings, beat: Heartbeat, timeout: timedelta) -> dict | None:
+def measure(settings: Settings, heartbeat: Heartbeat, timeout: timedelta) -> dict | None:
     """This rank's part of the sweep; rank 0 returns the rows (slowest rank per timed iteration), others None."""
     import torch
     import torch.distributed as dist
@@ -424,11 +287,11 @@ def measure(settings: Settings, beat: Heartbeat, timeout: timedelta) -> dict | N
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    beat.enter(JOINING)
+    heartbeat.at(JOINING)  # not progress yet: the start-up grace lasts until every rank has joined
     dist.init_process_group(settings.backend, rank=rank, world_size=settings.world_size, timeout=timeout,
                             device_id=device if on_gpu else None)
     try:
-        beat.enter(AGREEING)
+        heartbeat.enter(AGREEING)
         cap = torch.tensor([memory_cap(device, local_ranks)], dtype=torch.int64, device=device)
         dist.all_reduce(cap, op=dist.ReduceOp.MIN)
         requested = settings.max_bytes or max(DEFAULT_MAX_BYTES[settings.backend], settings.min_bytes)
@@ -441,8 +304,8 @@ def measure(settings: Settings, beat: Heartbeat, timeout: timedelta) -> dict | N
         for stage, op in enumerate(OPS, start=FIRST_OP_STAGE):
             for count in element_counts(op, settings.min_bytes, max_bytes, settings.world_size):
                 nbytes = count * ELEMENT_BYTES
-                beat.enter(stage, nbytes)
-                seconds = time_op(op, count, settings, device, clock, beat)
+                heartbeat.enter(stage, nbytes)
+                seconds = time_op(op, count, settings, device, clock, heartbeat)
                 if rank == 0:
                     rows += [bandwidth_row(op, settings.backend, settings.world_size, nbytes, repeat, s)
                              for repeat, s in enumerate(seconds)]
@@ -497,29 +360,29 @@ class EventClock:
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
 
-def time_op(op: str, count: int, settings: Settings, device, clock, beat: Heartbeat) -> list[float]:
+def time_op(op: str, count: int, settings: Settings, device, clock, heartbeat: Heartbeat) -> list[float]:
     """The slowest rank's seconds for each timed iteration of one op at one size."""
     import torch
     import torch.distributed as dist
 
     world, rank = settings.world_size, dist.get_rank()
     call, check = collective(op, count, world, rank, device)
-    beat.tick()
+    heartbeat.beat()
     call()
     if not check():
         raise RuntimeError(f"{op} of {format_bytes(count * ELEMENT_BYTES)} gave a wrong result on rank {rank}")
     for _ in range(settings.warmup):
-        beat.tick()
+        heartbeat.beat()
         call()
     dist.barrier()
     starts, ends = [], []
     for _ in range(settings.iters):
-        beat.tick()
+        heartbeat.beat()
         starts.append(clock.mark())
         call()
         ends.append(clock.mark())
     slowest = torch.tensor(clock.seconds(starts, ends), dtype=torch.float64, device=device)
-    beat.tick()
+    heartbeat.beat()
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.tolist()
 

@@ -18,6 +18,7 @@ from rlperf.store import PointRecord, utc_now
 from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
+from rlperf.processes import signal_name, spawn
 
 REASON_LINES = 8
 REASON_CHARS = 2000
@@ -103,18 +104,19 @@ class PointRunner:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "benches.launch", str(os.getpid()), *self.command_for(point.config, summary_path)]
+        command = self.command_for(point.config, summary_path)
         sampler = self.utilization.start(gpu_uuids)
         monitor = InterferenceMonitor(gpu_uuids)
         timed_out = False
         monitor.start()
         try:
             with open(log_path, "w") as log:
-                log.write("$ " + " ".join(command[4:]) + "\n")
+                log.write("$ " + " ".join(command) + "\n")
                 log.flush()
-                # A session of its own lets a timeout end the trainer and any ranks it started, together.
-                child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.cwd)
+                # A session of its own lets a timeout end the trainer and any ranks it started, together; spawn
+                # makes the trainer die with this harness, and the trainer's ranks die with it.
+                child = spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True, cwd=self.cwd)
                 try:
                     child.wait(timeout=self.timeout_s)
                 except subprocess.TimeoutExpired:
@@ -144,8 +146,8 @@ class PointRunner:
 
 
 def exit_text(returncode: int) -> str:
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
+    name = signal_name(returncode)
+    if name is not None:
         hint = " (the kernel's out-of-memory killer?)" if returncode == -signal.SIGKILL else ""
         return f"killed by {name}{hint}"
     return f"exit code {returncode}"

@@ -6,7 +6,6 @@ Used by `rlperf profile` and by the bench harness for points marked `profile = t
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from profilers.timeline import merge_timeline
 from profilers.trace_summary import summarize_trace
 from profilers.utilization import as_frame, summarize_utilization
 from reference_trainer.config import TrainConfig
+from rlperf.processes import run_to_completion
 
 RUN_SUMMARY_NAME = "summary.json"
 PROFILE_NAME = "profile.json"
@@ -137,25 +137,10 @@ def _render_flamegraph(out_dir: Path) -> dict:
 def _sampled(sampler: UtilizationSampler, command: list[str]) -> tuple[int, list[Row]]:
     sampler.start()
     try:
-        returncode = launch(command)
+        returncode = run_to_completion(command)
     finally:
         rows = sampler.stop()
     return returncode, rows
-
-
-def launch(command: list[str]) -> int:
-    """Runs a child to completion; on Ctrl-C the child is ended first so no trainer outlives us."""
-    child = subprocess.Popen(command)
-    try:
-        return child.wait()
-    except KeyboardInterrupt:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        raise
 
 
 def _traced_window_utilization(rows: list[Row], timeline: list, env_steps: int) -> dict | None:

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from profilers.profile_run import launch
 from profilers.sampler import UtilizationSampler
+from rlperf.processes import run_to_completion
 
 
 def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict[str, list[float]], float]:
@@ -34,7 +34,7 @@ def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict
             cpu_start, wall_start = time.process_time(), time.monotonic()
             if sampler is not None:
                 sampler.start()
-            returncode = launch(command)
+            returncode = run_to_completion(command)
             if sampler is not None:
                 sampler.stop()
                 sampler_cpu_s += time.process_time() - cpu_start

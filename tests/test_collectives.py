@@ -21,11 +21,11 @@ import pytest
 import torch
 from rich.console import Console
 
-import rlperf.ports as ports
-from benches.collectives import (FIRST_OP_STAGE, LAUNCH_DIR_ENV, OPS, STARTUP_SECONDS, Heartbeat, RankFailed,
-                                 Settings, bus_factor, element_counts, launch)
+import rlperf.processes as processes
+from benches.collectives import FIRST_OP_STAGE, OPS, Settings, bus_factor, element_counts, launch
 from rlperf.store import Store
-from rlperf.ports import PortTaken, port_taken, with_free_port
+from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, PortTaken, heartbeat_path, port_taken,
+                              with_free_port)
 
 COLLECTIVES = [sys.executable, "-m", "rlperf", "collectives"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -144,9 +144,9 @@ def measuring_rank(launcher: subprocess.Popen, rank: int) -> psutil.Process:
                 env = child.environ()
             except psutil.Error:
                 continue
-            if env.get("RANK") == str(rank) and LAUNCH_DIR_ENV in env:
-                _, stage, _ = Heartbeat.read(Path(env[LAUNCH_DIR_ENV]), rank)
-                if stage >= FIRST_OP_STAGE:
+            if env.get("RANK") == str(rank) and RANK_DIR_ENV in env:
+                progress = Heartbeat.read(heartbeat_path(Path(env[RANK_DIR_ENV]), rank))
+                if progress is not None and progress.stage >= FIRST_OP_STAGE:
                     return child
         time.sleep(0.1)
     raise AssertionError(f"rank {rank} never started measuring")
@@ -209,7 +209,7 @@ def test_slow_starting_ranks_get_the_startup_grace(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([*COLLECTIVES, "--world-size", "2", "--backend", "gloo", "--max-bytes", "64K", "--iters",
                            "3", "--warmup", "1", "--rank-timeout", "3", "--store", str(tmp_path / "results.sqlite")],
-                          capture_output=True, text=True, timeout=STARTUP_SECONDS * 2, env=env)
+                          capture_output=True, text=True, timeout=STARTUP_GRACE_SECONDS * 2, env=env)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -218,43 +218,17 @@ def test_a_taken_rendezvous_port_costs_a_retry_not_the_run(monkeypatch):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        real = ports.free_local_port
+        real = processes.free_local_port
         handed: list[int] = []
 
         def first_one_taken() -> int:
             handed.append(taken if not handed else real())
             return handed[-1]
 
-        monkeypatch.setattr(ports, "free_local_port", first_one_taken)
+        monkeypatch.setattr(processes, "free_local_port", first_one_taken)
         result = launch(Settings(2, "gloo", 8, 1024, 2, 1, 60.0), Console(file=StringIO()))
     assert handed[0] == taken and len(handed) == 2
     assert {row["op"] for row in result["rows"]} == set(OPS)
-
-
-def test_port_helpers():
-    port = ports.free_local_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))  # free when handed out
-    assert port_taken("RuntimeError: The server socket has failed to listen on any local network address. "
-                      "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
-    assert not port_taken("RuntimeError: Connection reset by peer")
-    calls: list[int] = []
-
-    def collide_twice(port: int) -> int:
-        calls.append(port)
-        if len(calls) < 3:
-            raise PortTaken(port)
-        return port
-
-    assert with_free_port(collide_twice) == calls[-1] and len(calls) == 3
-
-    def always(port: int) -> int:
-        raise PortTaken(port)
-
-    with pytest.raises(PortTaken):
-        with_free_port(always, attempts=2)
-    with pytest.raises(RankFailed):  # other failures are not retried
-        with_free_port(lambda port: (_ for _ in ()).throw(RankFailed("rank 1 was killed by SIGKILL")))
 
 
 def test_torchrun_two_node_rendezvous_runs_and_rank_0_stores(tmp_path):
