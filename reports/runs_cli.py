@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="print only the id of SUITE's newest run (default: list every run)")
     parser.add_argument("--since", metavar="TIME",
                         help="with --latest: only a run started at or after TIME, as the store writes times, "
-                             "e.g. 2026-11-22T02:17:00Z (default: any time)")
+                             "e.g. 2026-11-22T02:17:00+00:00 (default: any time)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
     table = runs[list(COLUMNS)].copy()
     table["git_commit"] = table["git_commit"].fillna("").str[:10]
+    table["label"] = table["label"].fillna("")
     print_table(default_console(), table, f"{len(table)} runs in {args.store}")
     return 0
