@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.intervals import fewest_repeats
 from reports.verdicts import OUTCOMES, PointVerdict, exit_code, fmt_interval, judge, judge_point
 from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput, output_dir
@@ -66,28 +67,37 @@ class AgainstOptions:
     wait: bool = True
 
 
-def looks(max_repeats: int) -> list[int]:
-    """Pair counts at which the data are judged: FIRST_LOOK, then each about LOOK_GROWTH times the last."""
-    schedule = [min(FIRST_LOOK, max_repeats)]
+def looks(max_repeats: int, first: int = FIRST_LOOK) -> list[int]:
+    """Pair counts at which the data are judged: `first`, then each about LOOK_GROWTH times the last."""
+    schedule = [min(first, max_repeats)]
     while schedule[-1] < max_repeats:
         schedule.append(min(max_repeats, max(schedule[-1] + 1, math.ceil(schedule[-1] * LOOK_GROWTH))))
     return schedule
 
 
-def look_alphas(max_repeats: int, alpha: float) -> dict[int, float]:
+def look_alphas(max_repeats: int, alpha: float, first: int = FIRST_LOOK) -> dict[int, float]:
     """The part of alpha each look spends: in proportion to the pairs added since the previous look."""
-    schedule = looks(max_repeats)
+    schedule = looks(max_repeats, first)
     return {n: alpha * (n - previous) / max_repeats for previous, n in zip([0] + schedule, schedule)}
 
 
-def resolve_commit(ref: str) -> str:
-    """The commit REF names in this repository; bad input when it names none."""
+def earliest_look(max_repeats: int, alpha: float) -> int:
+    """The fewest pairs at which a first look can decide anything: where completely separated sides clear the
+    part of alpha that look spends (alpha * pairs / max_repeats)."""
+    for pairs in range(1, max_repeats):
+        if fewest_repeats(alpha * pairs / max_repeats) <= pairs:
+            return pairs
+    return max_repeats
+
+
+def resolve_commit(ref: str, field: str = "against") -> str:
+    """The commit REF names in this repository; bad input, named by `field`, when it names none."""
     try:
         return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except subprocess.CalledProcessError:
-        raise BadInput(f"against: {ref!r} is not a commit of the repository at {REPO_ROOT}") from None
+        raise BadInput(f"{field}: {ref!r} is not a commit of the repository at {REPO_ROOT}") from None
     except FileNotFoundError:
-        raise BadInput("against: needs git, which is not installed") from None
+        raise BadInput(f"{field}: needs git, which is not installed") from None
 
 
 def git(*args: str, cwd: Path = REPO_ROOT) -> str:
@@ -220,7 +230,27 @@ class Against:
         opts = self.options
         # without until_decided nothing is judged here: the points are judged together at the end
         spend = look_alphas(pairs, point_alpha) if opts.until_decided else {}
-        directories = {side: runner.point_dir(index, point) for side, runner in sides.items()}
+        pairing = Pairing(sides, opts.threshold, lambda text: self.console.print(text, markup=False, soft_wrap=True))
+        return pairing.measure(index, point, records, gpu_uuids, pairs, spend, deadline)
+
+
+class Pairing:
+    """One point measured on two sides, "ref" and "new" (two checkouts), in alternating processes: A B, then
+    B A. After each pair whose count has a part of alpha in `spend`, the point is judged (new against ref),
+    and a verdict that `decided` accepts (by default regressed, improved or unchanged) ends it; so does the
+    deadline, or a repeat that fails."""
+
+    def __init__(self, sides: dict[str, PointRunner], threshold: float, say: Callable[[str], None],
+                 names: dict[str, str] | None = None, decided: Callable[[PointVerdict], bool] | None = None):
+        self.sides = sides
+        self.threshold = threshold
+        self.say = say
+        self.names = names or {side: side for side in sides}  # how the progress lines call each side
+        self.decided = decided or (lambda verdict: verdict.status in DECIDED)
+
+    def measure(self, index: int, point: suites.Point, records: dict[str, PointRecord], gpu_uuids: list[str],
+                pairs: int, spend: dict[int, float], deadline: float) -> PointVerdict:
+        directories = {side: runner.point_dir(index, point) for side, runner in self.sides.items()}
         for directory in directories.values():
             directory.mkdir(parents=True, exist_ok=True)
         verdict = PointVerdict("", point.label, "inconclusive", "no pair was measured")
@@ -233,12 +263,14 @@ class Against:
             for side in (("ref", "new") if pair % 2 == 0 else ("new", "ref")):
                 record = records[side]
                 t0 = time.monotonic()
-                status, reason, summary = sides[side].run_repeat(point, pair, directories[side], gpu_uuids, record)
+                status, reason, summary = self.sides[side].run_repeat(point, pair, directories[side], gpu_uuids,
+                                                                      record)
                 record.seconds += time.monotonic() - t0
                 if status != "ok":
                     record.status, record.reason = status, f"repeat {pair + 1}: {reason}"
-                    failed = PointVerdict("", point.label, "failed", f"{side}: {status}: {reason}".splitlines()[0])
-                    self.console.print(f"{point.label}: {failed.reason}", markup=False)
+                    failed = PointVerdict("", point.label, "failed",
+                                          f"{self.names[side]}: {status}: {reason}".splitlines()[0])
+                    self.say(f"{point.label}: {failed.reason}")
                     return failed
                 record.samples.append((pair, summary))
             pair_seconds.append(time.monotonic() - pair_start)
@@ -246,22 +278,22 @@ class Against:
             if alpha is None:
                 self.say_pair(point, pair, records)
                 continue
-            verdict = judge_point(frame(records["new"]), frame(records["ref"]), opts.threshold, alpha)
+            verdict = judge_point(frame(records["new"]), frame(records["ref"]), self.threshold, alpha)
             verdict.point = point_label(point.key)
             self.say_pair(point, pair, records, verdict, alpha)
-            if verdict.status in DECIDED:
+            if self.decided(verdict):
                 break
         return verdict
 
     def say_pair(self, point: suites.Point, pair: int, records: dict[str, PointRecord],
                  verdict: PointVerdict | None = None, alpha: float | None = None) -> None:
         ref_sps, new_sps = (records[side].samples[-1][1]["sps"] for side in ("ref", "new"))
-        text = f"{point.label} pair {pair + 1}: ref {ref_sps:,.0f} SPS, new {new_sps:,.0f} SPS"
+        text = (f"{point.label} pair {pair + 1}: {self.names['ref']} {ref_sps:,.0f} SPS, "
+                f"{self.names['new']} {new_sps:,.0f} SPS")
         if verdict is not None:
             text += f"; look at {1 - alpha:.2%}: {verdict.status}"
             if verdict.sps is not None:
                 text += f", change {verdict.sps.relative:+.1%} {fmt_interval(verdict.sps)}"
             if verdict.status == "inconclusive":
                 text += f" ({verdict.reason})"
-        self.console.print(text, markup=False, soft_wrap=True)
-
+        self.say(text)

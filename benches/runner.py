@@ -73,7 +73,7 @@ class PointRunner:
 
     def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
                  command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command, cwd: Path | None = None):
-        self.run_dir = run_dir
+        self.run_dir = run_dir.absolute()  # the paths it hands the trainer must hold in another `cwd` too
         self.cwd = cwd  # where the trainer runs: another checkout's code is imported from there
         self.repeats = repeats
         self.timeout_s = timeout_s

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "train": ("reference_trainer.cli", "train PPO+LSTM and print a per-phase time breakdown"),
     "selfcheck": ("reference_trainer.selfcheck", "check that injected delays land in the right phase"),
     "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
+    "bisect": ("benches.bisect", "find the first commit between GOOD and BAD at which a point got slower"),
     "collectives": ("benches.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
     "report": ("reports.cli", "render a report and regression verdicts from stored results"),
     "compare": ("reports.compare_cli", "compare two machines' results side by side"),

@@ -1,0 +1,511 @@
+"""`rlperf bisect GOOD BAD --suite SUITE [--point KEY]`: the first commit between GOOD and BAD at which one
+point of a suite runs slower than at GOOD.
+
+The commits searched are BAD's first-parent chain back to GOOD, kept to GOOD's descendants (`git rev-list
+--first-parent GOOD..BAD`, cut where `--ancestry-path` ends): a branch merged in between is one step, its merge
+commit, as with `git bisect --first-parent`. A binary search assumes that once slow, the point stays slow.
+
+Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
+for the whole search, in alternating processes with the machinery of `rlperf bench --against --until-decided`
+(benches/against.py): pairs are added until the verdict is decided, spending alpha over a fixed schedule of
+looks, up to `max_repeats` pairs or `budget_s` seconds. The first look comes at the fewest pairs that can
+decide anything with its part of alpha, not at --until-decided's 8: a search measures many commits, and a
+slowdown worth bisecting is usually large against the noise. `regressed` makes the commit bad; `unchanged` or
+`improved` makes it good, and so does an interval wholly above -threshold (shown not slower by the threshold:
+the question is one-sided, and an interval still wide on the side of speed-ups answers it). A verdict still
+inconclusive at the limit, or a commit whose trainer fails, is skipped, as `git bisect skip` does, and the next
+probe is the untried commit nearest the middle of what is left.
+
+BAD is measured first: if it is not shown slower than GOOD there is nothing to look for. Its slowdown also sets
+the threshold for the other commits (unless one is given): a commit is good only when it is shown not slower by
+more than the threshold, and with the default 5% on a machine whose processes vary by about 12% that takes more
+pairs than a search can spend on each commit. The threshold used instead is the midpoint, on a log scale,
+between GOOD and BAD: a commit is bad when it is significantly slower and more than half the way (as a ratio) to
+BAD's speed, good when it is shown to stay within that distance of GOOD. Each step's verdict is wrong with a
+chance of at most alpha, so a search of k steps names a wrong commit with a chance of at most k * alpha.
+
+Every measured commit is stored as a run, next to the run of GOOD's processes it was measured against, so
+`rlperf report` and `rlperf report --history` see them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from benches import suite as suites
+from benches.against import Pairing, earliest_look, git, look_alphas, resolve_commit, worktree
+from benches.cli import device_choice, raise_interrupt
+from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.verdicts import PointVerdict
+from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
+                              positive_int)
+from rlperf.errors import BadInput, output_dir
+from rlperf.layout import DEFAULT_OUT, STORE_FILE
+from rlperf.lock import MeasurementLock
+from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
+from rlperf.store import PointRecord, Store, canonical_json, utc_now
+
+SHORT = 7  # characters of a commit hash shown
+GOOD, BAD, SKIP = "good", "bad", "skip"
+GOOD_FAILS = "good fails"  # GOOD's own processes failed: no commit can be judged against it
+
+
+# ---- the search, apart from any measuring -------------------------------------------------------------------
+
+class Search:
+    """Binary search for the first bad commit among `count` commits, oldest first, the last being BAD; GOOD
+    lies before the first. BAD is probed first. Each probe is marked good, bad or skip."""
+
+    def __init__(self, count: int):
+        if count < 1:
+            raise ValueError("a search needs at least one commit after GOOD")
+        self.marks: list[str | None] = [None] * count
+
+    @property
+    def last_good(self) -> int:
+        """Index of the newest commit known good; -1 is GOOD itself."""
+        return max((i for i, mark in enumerate(self.marks) if mark == GOOD), default=-1)
+
+    @property
+    def first_bad(self) -> int | None:
+        """Index of the oldest commit known bad; None while BAD is not shown bad."""
+        return min((i for i, mark in enumerate(self.marks) if mark == BAD), default=None)
+
+    def untried(self) -> list[int]:
+        """The commits still worth probing: untried ones between the newest good and the oldest bad."""
+        if self.first_bad is None:
+            return []
+        return [i for i in range(self.last_good + 1, self.first_bad) if self.marks[i] is None]
+
+    def next_probe(self) -> int | None:
+        """The commit to measure next, or None when the search is over."""
+        if self.marks[-1] is None:
+            return len(self.marks) - 1
+        candidates = self.untried()
+        if not candidates:
+            return None
+        middle = (self.last_good + self.first_bad) / 2
+        return min(candidates, key=lambda i: (abs(i - middle), i))
+
+    def mark(self, index: int, outcome: str) -> None:
+        if outcome not in (GOOD, BAD, SKIP):
+            raise ValueError(f"outcome must be good, bad or skip, not {outcome!r}")
+        self.marks[index] = outcome
+
+    def steps_left(self) -> int:
+        """About how many more probes the search needs, if none is skipped."""
+        return math.ceil(math.log2(len(self.untried()) + 1))
+
+    def suspects(self) -> list[int]:
+        """Once the search is over: the commits that may be the first bad one. One when it is named; the
+        skipped commits before the oldest bad one, and that one, when skips hide it; none when BAD is not bad."""
+        if self.first_bad is None:
+            return []
+        between = range(self.last_good + 1, self.first_bad)
+        return [i for i in between if self.marks[i] == SKIP] + [self.first_bad]
+
+
+# ---- commits ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+
+    @property
+    def short(self) -> str:
+        return self.sha[:SHORT]
+
+    def __str__(self) -> str:
+        return f"{self.short} {json.dumps(self.subject, ensure_ascii=False)}"
+
+
+def commit_info(sha: str) -> Commit:
+    return Commit(sha, git("show", "-s", "--format=%s", sha))
+
+
+def commits_between(good: str, bad: str) -> list[Commit]:
+    """The commits after GOOD up to BAD on BAD's first-parent chain, oldest first (see the module's text)."""
+    descendants = set(git("rev-list", "--ancestry-path", f"{good}..{bad}").split())
+    chain = []
+    for line in git("log", "--first-parent", "--format=%H%x1f%s", f"{good}..{bad}").splitlines():
+        sha, _, subject = line.partition("\x1f")
+        if sha not in descendants:
+            break  # the chain has left GOOD's descendants: nothing older descends from GOOD either
+        chain.append(Commit(sha, subject))
+    return chain[::-1]
+
+
+def is_ancestor(older: str, newer: str) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", older, newer], cwd=REPO_ROOT,
+                          capture_output=True).returncode == 0
+
+
+def tracked_changes() -> list[str]:
+    return git("status", "--porcelain", "--untracked-files=no").splitlines()
+
+
+def choose_point(suite: suites.Suite, wanted: str | None) -> suites.Point:
+    """The suite's only point, or the one `wanted` names: its key as stored (JSON of its swept values, in any
+    key order or spacing) or its label, as the bench prints it."""
+    keys = ", ".join(point.key for point in suite.points)
+    if wanted is None:
+        if len(suite.points) == 1:
+            return suite.points[0]
+        raise BadInput(f"point: suite {suite.name} has {len(suite.points)} points; name one with --point "
+                       f"(its key as stored: {keys})")
+    try:
+        key = canonical_json(json.loads(wanted))
+    except ValueError:
+        key = None
+    for point in suite.points:
+        if point.key == key or point.label == wanted:
+            return point
+    raise BadInput(f"point: {wanted!r} is not a point of suite {suite.name} (allowed: {keys})")
+
+
+# ---- measuring ----------------------------------------------------------------------------------------------
+
+@dataclass
+class BisectOptions:
+    good: str
+    bad: str
+    suite: str
+    point: str | None = None
+    out_dir: Path = Path(DEFAULT_OUT)
+    device: str | None = None
+    timeout_s: float | None = None
+    sample_hz: float | None = None
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    budget_s: float = DEFAULT_BUDGET_S
+    threshold: float | None = None  # None: DEFAULT_THRESHOLD for BAD, then the midpoint of BAD's slowdown
+    alpha: float = DEFAULT_ALPHA
+    json_path: Path | None = None
+    wait: bool = True
+
+
+@dataclass
+class Step:
+    """One measured commit, as the progress lines and the --json file tell it."""
+
+    step: int
+    commit: str
+    subject: str
+    role: str  # "bad end" (BAD, measured first) or "probe"
+    verdict: str = "inconclusive"  # regressed, improved, unchanged, inconclusive or failed
+    outcome: str = SKIP
+    estimate: float | None = None  # relative change of steady SPS against GOOD
+    interval: list[float | None] | None = None  # [low, high]; None for a bound no number of pairs reached
+    threshold: float | None = None
+    pairs: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    good_run: str = ""
+    run: str = ""
+
+
+def change_text(step: Step) -> str:
+    """`-12.6% [-22.8%, -1.2%]`: the change against GOOD and its interval, as verdicts print them."""
+    if step.estimate is None:
+        return ""
+    low, high = step.interval or (None, None)
+    low_text = "−∞" if low is None else f"{low:+.1%}"
+    high_text = "+∞" if high is None else f"{high:+.1%}"
+    return f"{step.estimate:+.1%} [{low_text}, {high_text}]"
+
+
+def outcome_of(verdict: PointVerdict, threshold: float) -> str:
+    """Bad, good or skip, from a commit's verdict against GOOD. Beyond `unchanged` and `improved`, a verdict
+    whose interval lies wholly above -threshold is good: the commit is shown not to be slower by the threshold,
+    which is all a search asks, however wide the interval is on the side of speed-ups."""
+    if verdict.status == "regressed":
+        return BAD
+    if verdict.status in ("unchanged", "improved"):
+        return GOOD
+    if verdict.status == "inconclusive" and verdict.sps is not None and verdict.sps.low > -threshold:
+        return GOOD
+    return SKIP
+
+
+def midpoint_threshold(estimate: float) -> float:
+    """The threshold halfway, on a log scale, between no change and a change of `estimate` (negative)."""
+    return max(DEFAULT_THRESHOLD, 1 - math.sqrt(1 + estimate))
+
+
+class Bisect:
+    def __init__(self, options: BisectOptions, console: Console, machine: Machine | None = None):
+        self.options = options
+        self.console = console
+        self.machine = machine
+        self.steps: list[Step] = []
+        self.record: dict[str, Any] = {}
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
+
+    def check(self) -> tuple[suites.Suite, suites.Point, Commit, Commit, list[Commit]]:
+        """Every input check, before anything is measured: each failure is one line, exit 2."""
+        opts = self.options
+        suite = suites.load(opts.suite)
+        point = choose_point(suite, opts.point)
+        good = commit_info(resolve_commit(opts.good, "good"))
+        bad = commit_info(resolve_commit(opts.bad, "bad"))
+        if good.sha == bad.sha:
+            raise BadInput(f"bad: {opts.bad!r} is the same commit as good ({good.short}); nothing lies between them")
+        if not is_ancestor(good.sha, bad.sha):
+            raise BadInput(f"good: {opts.good!r} ({good.short}) is not an ancestor of bad {opts.bad!r} "
+                           f"({bad.short}); give a GOOD older than BAD on its history")
+        changed = tracked_changes()
+        if changed:
+            raise BadInput(f"working tree: {REPO_ROOT} has uncommitted changes to {len(changed)} tracked files "
+                           f"({changed[0].strip()}, ...); commit or set them aside first: the suite and the "
+                           "harness are read from it, and the search must be repeatable")
+        if opts.json_path is not None:
+            if opts.json_path.is_dir():
+                raise BadInput(f"json: {opts.json_path} is a directory; name a file")
+            output_dir(opts.json_path.parent, "json")
+        return suite, point, good, bad, commits_between(good.sha, bad.sha)
+
+    def run(self) -> int:
+        opts = self.options
+        suite, point, good, bad, commits = self.check()
+        machine = self.machine or probe()
+        overrides = {"device": machine.resolve_device(opts.device)} if opts.device else {}
+        if overrides:
+            suite = suites.load(opts.suite, overrides)
+            point = next(p for p in suite.points if p.key == point.key)
+        reason = machine.skip_reason(point.config)
+        if reason is not None:
+            raise BadInput(f"point: this machine cannot run {point.label}: {reason}")
+        current = collect(machine, suite.suite_hash, overrides)
+        output_dir(opts.out_dir, "out")
+        store_path = opts.out_dir / STORE_FILE
+        self.record = {"good": {"ref": opts.good, "commit": good.sha, "subject": good.subject},
+                       "bad": {"ref": opts.bad, "commit": bad.sha, "subject": bad.subject},
+                       "order": "first-parent", "commits": [asdict(c) for c in commits],
+                       "suite": suite.name, "point": point.key, "alpha": opts.alpha, "max_repeats": opts.max_repeats,
+                       "budget_s": opts.budget_s, "store": str(store_path), "steps": [], "first_bad": None,
+                       "status": "running", "conclusion": ""}
+        search = Search(len(commits))
+        threshold = opts.threshold or DEFAULT_THRESHOLD
+        with MeasurementLock() as lock, worktree(good.sha) as good_tree:
+            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
+            with Store.open(store_path) as store:
+                self.say(f"bisect: {len(commits)} commits after {good} (good) up to {bad.short} (bad), BAD's "
+                         f"first-parent chain; point {point.label} of suite {suite.name}; store {store.path}")
+                measure = Measure(self, store, suite, point, machine, current, good, bad, good_tree)
+                try:
+                    while (probe_index := search.next_probe()) is not None:
+                        commit = commits[probe_index]
+                        role = "probe" if self.steps else "bad end"
+                        plan = ("bad end, measured first: is it slower than GOOD?" if role == "bad end" else
+                                f"{len(search.untried())} commits left, about {search.steps_left()} steps")
+                        self.say(f"step {len(self.steps) + 1}: {commit} ({plan})")
+                        step = measure.step(len(self.steps) + 1, commit, role, threshold)
+                        self.steps.append(step)
+                        if step.outcome == GOOD_FAILS:
+                            return self.conclude("good fails", 1, f"no first bad commit: GOOD {good.short} fails "
+                                                                  f"to run: {step.reason}")
+                        search.mark(probe_index, step.outcome)
+                        self.say_step(step)
+                        if role == "bad end" and step.outcome == BAD and opts.threshold is None:
+                            threshold = midpoint_threshold(step.estimate)
+                            self.say(f"threshold for the other commits: {threshold:.1%}, halfway (as a ratio) "
+                                     f"from GOOD to BAD's {step.estimate:+.1%}")
+                        self.write_json()
+                except KeyboardInterrupt:
+                    self.record["status"] = "interrupted"
+                    self.write_json()
+                    raise
+        return self.conclude_search(search, commits, bad)
+
+    def say_step(self, step: Step) -> None:
+        change = change_text(step)
+        text = f"step {step.step}: {step.commit[:SHORT]} {step.verdict}"
+        text += f" {change}" if change else ""
+        text += f" after {step.pairs} pairs, {step.seconds:.0f} s: "
+        if step.outcome == GOOD and step.verdict == "inconclusive":
+            text += f"good (not slower by {step.threshold:.1%}: the interval lies above -{step.threshold:.1%})"
+        else:
+            text += {GOOD: "good", BAD: "bad"}.get(step.outcome, f"skipped ({step.reason})")
+        self.say(text)
+
+    def conclude_search(self, search: Search, commits: list[Commit], bad: Commit) -> int:
+        suspects = search.suspects()
+        if not suspects:
+            bad_end = self.steps[0]
+            if bad_end.outcome == GOOD:
+                why = f"is not slower than GOOD ({bad_end.verdict} {change_text(bad_end)})"
+            else:
+                why = f"could not be shown slower than GOOD ({bad_end.verdict}: {bad_end.reason})"
+            return self.conclude("bad not slower", 1, f"no first bad commit: BAD {bad.short} {why}")
+        if len(suspects) > 1:
+            skipped = ", ".join(commits[i].short for i in suspects[:-1])
+            return self.conclude("undecided", 1, f"no first bad commit named: it is one of {skipped} (skipped) or "
+                                                 f"{commits[suspects[-1]].short} (bad), in {len(self.steps)} steps")
+        first = commits[suspects[0]]
+        step = next(s for s in self.steps if s.commit == first.sha)
+        self.record["first_bad"] = {"commit": first.sha, "subject": first.subject, "estimate": step.estimate,
+                                    "interval": step.interval, "step": step.step}
+        return self.conclude("found", 0, f"first bad commit: {first} {change_text(step)}")
+
+    def conclude(self, status: str, code: int, line: str) -> int:
+        self.record["status"], self.record["conclusion"] = status, line
+        self.write_json()
+        self.say(line)
+        return code
+
+    def write_json(self) -> None:
+        """The whole search so far, replaced atomically after every step."""
+        path = self.options.json_path
+        if path is None:
+            return
+        self.record["steps"] = [asdict(step) for step in self.steps]
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
+        os.replace(partial, path)
+
+
+class Measure:
+    """One commit measured against GOOD: two runs in the store, and the verdict of the first decided look."""
+
+    def __init__(self, bisect: Bisect, store: Store, suite: suites.Suite, point: suites.Point, machine: Machine,
+                 fingerprint: dict[str, Any], good: Commit, bad: Commit, good_tree: Path):
+        self.bisect = bisect
+        self.store = store
+        self.suite = suite
+        self.point = point
+        self.index = suite.points.index(point)  # numbers the point's log directory, as in a sweep
+        self.machine = machine
+        self.fingerprint = fingerprint
+        self.machine_key = machine_key(fingerprint)
+        self.good = good
+        self.bad = bad
+        self.good_tree = good_tree
+
+    def step(self, number: int, commit: Commit, role: str, threshold: float) -> Step:
+        started = time.monotonic()
+        result = Step(number, commit.sha, commit.subject, role, threshold=threshold)
+        records = {side: PointRecord(self.point.key, self.point.config, "ok", utc_now(), 0.0)
+                   for side in ("ref", "new")}
+        with worktree(commit.sha) as tree:
+            result.good_run, result.run = self.start_runs(number, commit)
+            try:
+                verdict = self.pairs(commit, tree, result, records, threshold)
+            except KeyboardInterrupt:
+                for run_id in (result.good_run, result.run):
+                    self.store.finish_run(run_id, "interrupted")
+                raise
+        for side, run_id in (("ref", result.good_run), ("new", result.run)):
+            self.store.record_point(run_id, records[side])
+            self.store.finish_run(run_id, "complete")
+        result.pairs = len(records["new"].samples)
+        result.seconds = time.monotonic() - started
+        result.verdict, result.reason = verdict.status, verdict.reason
+        if verdict.sps is not None:
+            sps = verdict.sps
+            result.estimate = sps.relative
+            result.interval = [None if sps.low <= -1 else sps.low, None if math.isinf(sps.high) else sps.high]
+        if records["ref"].status != "ok":
+            result.outcome = GOOD_FAILS
+        else:
+            result.outcome = outcome_of(verdict, threshold)
+        return result
+
+    def start_runs(self, number: int, commit: Commit) -> tuple[str, str]:
+        """GOOD's run and the commit's, for this step; the commit's fingerprint names GOOD's run."""
+        search = {"good": self.good.sha, "bad": self.bad.sha, "step": number}
+        label = f"bisect {self.good.short}..{self.bad.short} step {number}"
+        good_run = self.store.create_run(
+            self.suite.name, self.suite.suite_hash,
+            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.options.good},
+             "bisect": {**search, "side": "good"}}, self.machine_key, f"{label}: good {self.good.short}")
+        run = self.store.create_run(
+            self.suite.name, self.suite.suite_hash,
+            {**self.fingerprint, "git": {"commit": commit.sha, "dirty": False},
+             "bisect": {**search, "side": "probe", "good_run": good_run}}, self.machine_key, f"{label}: {commit}")
+        return good_run, run
+
+    def pairs(self, commit: Commit, tree: Path, result: Step, records: dict[str, PointRecord],
+              threshold: float) -> PointVerdict:
+        opts = self.bisect.options
+        utilization = UtilizationProbe(self.suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
+        timeout = opts.timeout_s or self.suite.timeout_s
+        runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
+                                      trainer_command, cwd=self.good_tree),
+                   "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
+                                      trainer_command, cwd=tree)}
+        pairing = Pairing(runners, threshold, self.bisect.say, names={"ref": "good", "new": commit.short},
+                          decided=lambda verdict: outcome_of(verdict, threshold) != SKIP)
+        return pairing.measure(self.index, self.point, records, self.machine.gpu_uuids(self.point.config),
+                               opts.max_repeats, look_alphas(opts.max_repeats, opts.alpha,
+                                                             earliest_look(opts.max_repeats, opts.alpha)),
+                               time.monotonic() + opts.budget_s)
+
+
+# ---- command line -------------------------------------------------------------------------------------------
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("good", metavar="GOOD", help="a commit (any git ref) at which the point was fast")
+    parser.add_argument("bad", metavar="BAD", help="a later commit, descended from GOOD, at which it is slower")
+    parser.add_argument("--suite", required=True,
+                        help="a suite in benches/suites or a path to a .toml file; one of its points is measured")
+    parser.add_argument("--point", metavar="KEY",
+                        help="the point to measure: its key as stored (the JSON of its swept values, e.g. "
+                             "'{\"num_envs\":64}') or its label as the bench prints it (default: the suite's only "
+                             "point)")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"where the store ({STORE_FILE}) and the logs go (default {DEFAULT_OUT}/)")
+    parser.add_argument("--device", type=device_choice,
+                        help="run the point on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
+                             "(default: the suite's)")
+    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
+                        help=f"seconds one trainer process may run before it is killed, above 0 and at most "
+                             f"{MAX_TIMEOUT_S:g} (default: the suite's `timeout_s`)")
+    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
+                        help=f"utilization samples per second around each process, 0 for none, at most "
+                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
+    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                        help=f"at most N pairs of processes per commit; a commit still undecided then is skipped "
+                             f"(default {DEFAULT_MAX_REPEATS})")
+    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
+                        metavar="S", help=f"seconds each commit's measurement may take before it is skipped "
+                                          f"(default {DEFAULT_BUDGET_S:g})")
+    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False),
+                        help=f"smallest relative change of SPS that counts, as a fraction (default: "
+                             f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown)")
+    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
+                        help=f"one minus the confidence of each commit's verdict (default {DEFAULT_ALPHA})")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the whole search (every step's commit, verdict, change, interval, pairs "
+                             "and seconds) to this file (default: none)")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
+                             "waiting for it (default: wait)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlperf.terminal import default_console
+
+    options = BisectOptions(good=args.good, bad=args.bad, suite=args.suite, point=args.point, out_dir=Path(args.out),
+                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz,
+                            max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
+                            alpha=args.alpha, json_path=args.json, wait=args.wait)
+    # SIGTERM ends the search like Ctrl-C: the runs in flight are marked interrupted.
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return Bisect(options, default_console()).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
