@@ -28,7 +28,7 @@ def install(session: nox.Session, extras: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
-    install(session, "test,profile")
+    install(session, "test,profile,atari")
     session.run("pytest", *session.posargs)
 
 
@@ -36,7 +36,7 @@ def tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Runs the smoke suite on the first GPU when there is one, else on the CPU, and renders its report.
     Extra args replace those: `nox -s bench -- --suite nightly --out DIR`."""
-    install(session, "profile")
+    install(session, "profile,atari")
     args = session.posargs or ["--suite", "smoke", "--device", "auto"]
     session.run("rlperf", "bench", *args)
 

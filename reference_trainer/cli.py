@@ -84,6 +84,9 @@ def print_summary(summary: dict) -> None:
                   "-" if coverage is None else f"{100 * coverage:.1f}", end_section=True)
     console = Console(file=sys.stdout)
     console.print(table)
+    h2d = summary["h2d_bytes_per_step"]
+    console.print(f"host->device copies {h2d:,} bytes per agent step, {h2d * summary['sps'] / 1e6:,.1f} MB/s at the "
+                  f"steady SPS; policy of {summary['parameters']:,} parameters")
     ret = summary["mean_episode_return"]
     console.print(
         f"SPS {summary['sps']:,.0f} steady, {summary['sps_end_to_end']:,.0f} end to end; "

@@ -13,8 +13,14 @@ from typing import Any
 from rlperf.errors import ConfigError
 
 PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
-BUILTIN_ENVS = ("memory", "cartpole", "synthetic")
+BUILTIN_ENVS = ("memory", "cartpole", "catch", "synthetic")
+VECTOR_ENVS = ("memory", "cartpole")  # built-in envs whose observations are vectors, never images
 DTYPES = ("fp32", "bf16", "fp16")
+VECTORIZATIONS = ("auto", "native", "sync", "async")
+ENCODERS = ("mlp", "cnn")
+OBS_DTYPES = ("float32", "uint8")
+# (kernel, stride) of the CNN encoder's convolutions: the usual Atari encoder
+CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
 
 
 # The roles a field can play beyond configuring the run, each read by the tools that need it.
@@ -36,9 +42,13 @@ def knob(default: Any, help: str, *roles: str) -> Any:
 @dataclass
 class TrainConfig:
     # what to train on
-    env: str = knob("memory", "memory, cartpole, synthetic or gym:<id>")
+    env: str = knob("memory", "memory, cartpole, catch, synthetic or gym:<id>; gym:<module>:<id> imports the module "
+                              "that registers the id first (gym:ale_py:ALE/Breakout-v5)")
     seed: int = knob(1, "random seed of the environments and the policy")
     total_steps: int = knob(200_000, "agent steps to train for, rounded up to whole epochs of num_envs x horizon")
+    vectorization: str = knob("auto", "how gym:<id> envs are vectorized: native (the env's own vector entry point), "
+                                      "sync (copies stepped in turn in this process), async (a subprocess per copy), "
+                                      "or auto (native where the env has one, else sync)")
     # batch: num_envs x horizon agent steps per epoch, split into minibatches of whole sequences
     num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon")
     horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences")
@@ -47,6 +57,10 @@ class TrainConfig:
     # policy
     hidden_size: int = knob(64, "width of the encoder and the LSTM, in units")
     lstm: bool = knob(True, "use the LSTM core (--no-lstm: an MLP-only policy)")
+    encoder: str = knob("mlp", "observation encoder in front of the core: mlp (one linear layer) or cnn (convolutions "
+                               "8x8/4, 4x4/2, 3x3/1, then a linear layer to hidden_size; images of at least 36x36)")
+    cnn_channels: int = knob(32, "channels of the CNN's first convolution, twice as many in the second and third "
+                                 "(32: the usual Atari encoder); encoder=cnn only")
     # PPO
     learning_rate: float = knob(3e-3, "Adam's learning rate")
     anneal_lr: bool = knob(True, "lower the learning rate linearly to 0 over the run")
@@ -57,7 +71,11 @@ class TrainConfig:
     ent_coef: float = knob(0.01, "weight of the entropy bonus")
     max_grad_norm: float = knob(0.5, "gradient norm clip")
     # the synthetic env
-    obs_size: int = knob(32, "observation width of env=synthetic, in floats", SYNTHETIC_ENV)
+    obs_size: int = knob(32, "observation width of env=synthetic, in values", SYNTHETIC_ENV)
+    obs_shape: str = knob("", "observation shape of env=synthetic, comma-separated, e.g. 4,84,84 (default: empty, "
+                              "obs_size values)", SYNTHETIC_ENV)
+    obs_dtype: str = knob("float32", "observation dtype of env=synthetic: float32, or uint8 (pixels, copied to the "
+                                     "device as bytes and scaled to [0, 1] there)", SYNTHETIC_ENV)
     num_actions: int = knob(4, "actions of env=synthetic", SYNTHETIC_ENV)
     env_cost_us: float = knob(0.0, "CPU microseconds env=synthetic spins per env per step, to model a costlier env",
                               SYNTHETIC_ENV)
@@ -197,6 +215,49 @@ def parse_delay(text: str) -> tuple[str, float]:
         raise ConfigError("inject_delay", f"expected PHASE=MS, e.g. learn=5 (got {text!r})") from None
 
 
+def synthetic_obs_shape(cfg: TrainConfig) -> tuple[int, ...]:
+    """The observation shape of env=synthetic: obs_shape parsed, or obs_size values."""
+    if not cfg.obs_shape:
+        return (cfg.obs_size,)
+    try:
+        shape = tuple(int(size) for size in cfg.obs_shape.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) <= 0:
+        raise ConfigError("obs_shape", f"expected positive sizes separated by commas, e.g. 4,84,84 (got {cfg.obs_shape!r})")
+    return shape
+
+
+def image_layout(shape: tuple[int, ...]) -> tuple[int, int, int, bool] | None:
+    """`(channels, height, width, channels_last)` of an image observation, None for any other shape. Images
+    are [C, H, W], or [H, W, C] (gymnasium's pixel layout) when the last axis has at most 4 entries and the
+    first more (ale-py's native frame stack is [4, 84, 84], its single env's RGB frame [210, 160, 3])."""
+    if len(shape) != 3:
+        return None
+    if shape[2] <= 4 < shape[0]:
+        return shape[2], shape[0], shape[1], True
+    return shape[0], shape[1], shape[2], False
+
+
+def cnn_feature_map(height: int, width: int) -> tuple[int, int]:
+    """Height and width of the CNN encoder's last feature map (below 1: the image is too small)."""
+    for kernel, stride in CNN_LAYERS:
+        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+    return height, width
+
+
+def cnn_refusal(shape: tuple[int, ...]) -> str | None:
+    """Why the CNN encoder cannot read observations of `shape`; None when it can."""
+    layout = image_layout(shape)
+    if layout is None:
+        return f"cnn needs image observations [C,H,W] or [H,W,C] (got shape {list(shape)}; allowed: mlp)"
+    _, height, width, _ = layout
+    if min(cnn_feature_map(height, width)) < 1:
+        side = next(side for side in range(1, 1 << 16) if min(cnn_feature_map(side, side)) >= 1)
+        return f"cnn needs images of at least {side}x{side} pixels (got {height}x{width}; allowed: mlp)"
+    return None
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Every rule about settings lives here; returns the config unchanged when it is valid."""
     if cfg.env not in BUILTIN_ENVS and not re.fullmatch(r"gym:\S+", cfg.env):
@@ -223,8 +284,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"({cfg.batch_size}) into whole sequences (got {cfg.minibatch_size})",
         )
 
+    if cfg.vectorization not in VECTORIZATIONS:
+        raise ConfigError("vectorization", f"unknown mode {cfg.vectorization!r} (allowed: {', '.join(VECTORIZATIONS)})")
+    if cfg.vectorization != "auto" and not cfg.env.startswith("gym:"):
+        raise ConfigError("vectorization", f"applies to gym:<id> envs only (env is {cfg.env})")
+    if cfg.encoder not in ENCODERS:
+        raise ConfigError("encoder", f"unknown encoder {cfg.encoder!r} (allowed: {', '.join(ENCODERS)})")
+    _positive(cfg, "cnn_channels")
+    if cfg.encoder != "cnn" and cfg.cnn_channels != TrainConfig.cnn_channels:
+        raise ConfigError("cnn_channels", f"applies to encoder=cnn only (encoder is {cfg.encoder})")
+    if cfg.obs_dtype not in OBS_DTYPES:
+        raise ConfigError("obs_dtype", f"unknown dtype {cfg.obs_dtype!r} (allowed: {', '.join(OBS_DTYPES)})")
+    if cfg.encoder == "cnn" and cfg.env in VECTOR_ENVS:
+        raise ConfigError("encoder", f"cnn needs image observations, and env {cfg.env} gives vectors (allowed: mlp)")
+
     if cfg.env == "synthetic":
         _positive(cfg, "obs_size", "num_actions")
+        if cfg.obs_shape and cfg.obs_size != TrainConfig.obs_size:
+            raise ConfigError("obs_shape", f"replaces obs_size: set one of them (got obs_shape={cfg.obs_shape!r} "
+                                           f"and obs_size={cfg.obs_size})")
+        shape = synthetic_obs_shape(cfg)
+        refusal = cnn_refusal(shape) if cfg.encoder == "cnn" else None
+        if refusal:
+            raise ConfigError("encoder", refusal)
     else:
         defaults = TrainConfig()
         for name in fields_with(SYNTHETIC_ENV):

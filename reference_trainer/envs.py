@@ -1,23 +1,33 @@
 """Vectorized environments: each steps all of its copies per call and auto-resets finished episodes.
 
-Observations are float32 `[num_envs, obs_size]`, actions are integers in `[0, num_actions)`.
-`step` returns `(obs, rewards, dones)`; finished episodes' returns and lengths accumulate until
-`drain_episodes()` takes them.
+Observations are `[num_envs, *obs_shape]` of `obs_dtype` (float32, or uint8 pixels that stay uint8 until the
+policy scales them on the device); actions are integers in `[0, num_actions)`. `step` returns
+`(obs, rewards, dones, valid)`; finished episodes' returns and lengths accumulate until `drain_episodes()`
+takes them.
+
+`valid` is False where the step was no transition: an environment with `next_step_reset` spends the step
+after an episode's end on its reset (gymnasium's next-step autoreset), ignoring that step's action and
+returning the new episode's first observation. The trainer gives such steps no weight and starts the
+recurrent state afresh on the observation they return. Every other environment resets within the step
+that ended the episode, and all its steps are valid.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import numpy as np
 
-from reference_trainer.config import ConfigError, TrainConfig
+from reference_trainer.config import ConfigError, TrainConfig, synthetic_obs_shape
 
 
 class VecEnv:
     num_envs: int
-    obs_size: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype = np.dtype(np.float32)
     num_actions: int
+    next_step_reset = False
 
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
@@ -25,16 +35,28 @@ class VecEnv:
         self._running_length = np.zeros(num_envs, np.int64)
         self._finished_returns: list[np.ndarray] = []
         self._finished_lengths: list[np.ndarray] = []
+        self._all_valid = np.ones(num_envs, bool)
+
+    @property
+    def obs_size(self) -> int:
+        return int(np.prod(self.obs_shape))
 
     def reset(self) -> np.ndarray:
         raise NotImplementedError
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
-    def _record(self, rewards: np.ndarray, dones: np.ndarray) -> None:
-        self._running_return += rewards
-        self._running_length += 1
+    def close(self) -> None:
+        """Releases what the environment holds beyond this process's memory (an async env's subprocesses)."""
+
+    def _record(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None = None) -> None:
+        if valid is None:
+            self._running_return += rewards
+            self._running_length += 1
+        else:  # a reset-only step belongs to no episode
+            self._running_return += rewards * valid
+            self._running_length += valid
         if dones.any():
             self._finished_returns.append(self._running_return[dones])
             self._finished_lengths.append(self._running_length[dones])
@@ -56,12 +78,12 @@ class MemoryEnv(VecEnv):
     def __init__(self, num_envs: int, seed: int, num_cues: int = 4, delay: int = 4):
         super().__init__(num_envs)
         self.num_actions = num_cues
-        self.obs_size = num_cues + 1
+        self.obs_shape = (num_cues + 1,)
         self.episode_length = delay + 2
         self._rng = np.random.default_rng(seed)
         self._t = np.zeros(num_envs, np.int64)
         self._cue = np.zeros(num_envs, np.int64)
-        self._obs = np.zeros((num_envs, self.obs_size), np.float32)
+        self._obs = np.zeros((num_envs, *self.obs_shape), np.float32)
         self._rows = np.arange(num_envs)
 
     def _observe(self) -> np.ndarray:
@@ -83,7 +105,7 @@ class MemoryEnv(VecEnv):
         self._t += 1
         self._t[dones] = 0
         self._cue[dones] = self._rng.integers(self.num_actions, size=int(dones.sum()))
-        return self._observe(), rewards, dones
+        return self._observe(), rewards, dones, self._all_valid
 
 
 class CartPoleEnv(VecEnv):
@@ -97,7 +119,7 @@ class CartPoleEnv(VecEnv):
     def __init__(self, num_envs: int, seed: int):
         super().__init__(num_envs)
         self.num_actions = 2
-        self.obs_size = 4
+        self.obs_shape = (4,)
         self._rng = np.random.default_rng(seed)
         self._state = np.zeros((num_envs, 4), np.float64)
         self._steps = np.zeros(num_envs, np.int64)
@@ -130,29 +152,38 @@ class CartPoleEnv(VecEnv):
         if dones.any():
             self._state[dones] = self._rng.uniform(-0.05, 0.05, size=(int(dones.sum()), 4))
             self._steps[dones] = 0
-        return self._state.astype(np.float32), rewards, dones
+        return self._state.astype(np.float32), rewards, dones, self._all_valid
 
 
 class SyntheticEnv(VecEnv):
     """A near-free environment for timing the trainer alone. Observations cycle through a fixed bank
     indexed by (global env index + step), so any split of the envs across ranks sees the same data;
     reward 1 when the action matches the row's label; fixed-length episodes with staggered ends.
-    `cost_us` spins the CPU for that many microseconds per env per step, to model a costlier env."""
+    `cost_us` spins the CPU for that many microseconds per env per step, to model a costlier env.
+    Observations have any shape, float32 (standard normal) or uint8 (uniform pixels), so a timing run can
+    move Atari-sized frames without an emulator."""
 
     episode_length = 128
-    bank_size = 4099
+    max_bank_rows = 4099
+    # big observations get fewer rows: a bank of 4099 float 4x84x84 frames would take 460 MB
+    max_bank_bytes = 32 << 20
 
-    def __init__(self, num_envs: int, seed: int, obs_size: int, num_actions: int, cost_us: float, env_offset: int = 0):
+    def __init__(self, num_envs: int, seed: int, obs_shape: tuple[int, ...], num_actions: int, cost_us: float,
+                 env_offset: int = 0, obs_dtype: np.dtype = np.dtype(np.float32)):
         super().__init__(num_envs)
-        self.obs_size = obs_size
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
         self.num_actions = num_actions
         self.cost_seconds = cost_us * num_envs * 1e-6
+        self.bank_size = min(self.max_bank_rows, max(64, self.max_bank_bytes // (self.obs_size * self.obs_dtype.itemsize)))
         rng = np.random.default_rng(seed)
-        self._bank = rng.standard_normal((self.bank_size, obs_size)).astype(np.float32)
+        if self.obs_dtype == np.uint8:
+            self._bank = rng.integers(0, 256, size=(self.bank_size, *self.obs_shape), dtype=np.uint8)
+        else:
+            self._bank = rng.standard_normal((self.bank_size, *self.obs_shape)).astype(self.obs_dtype)
         self._labels = rng.integers(num_actions, size=self.bank_size)
         self._index = (np.arange(num_envs) + env_offset) % self.bank_size
         self._steps = (np.arange(num_envs) + env_offset) % self.episode_length
-        self._obs = np.empty((num_envs, obs_size), np.float32)
+        self._obs = np.empty((num_envs, *self.obs_shape), self.obs_dtype)
 
     def reset(self) -> np.ndarray:
         return np.take(self._bank, self._index, axis=0, out=self._obs)
@@ -169,40 +200,163 @@ class SyntheticEnv(VecEnv):
         self._record(rewards, dones)
         self._index += 1
         self._index %= self.bank_size
-        return np.take(self._bank, self._index, axis=0, out=self._obs), rewards, dones
+        return np.take(self._bank, self._index, axis=0, out=self._obs), rewards, dones, self._all_valid
+
+
+class CatchEnv(VecEnv):
+    """Catch, in pixels and from memory. A ball falls one row a step from a random column of the top row of
+    a 5x5 grid; the paddle in the bottom row moves left, stays or moves right (actions 0, 1, 2). Reward 1 when
+    the paddle is under the ball as it lands, else 0. The grid is drawn as a [1, 40, 40] uint8 image, the
+    ball only in the episode's first frame: a policy must read the pixels and remember what it saw. A
+    memoryless policy can move towards the ball on the first step and act on where that left the paddle, which
+    catches it in 3 episodes of 5 at best; any policy blind to the ball catches 1 in 5."""
+
+    size = 5
+    cell = 8  # pixels a side per grid cell: 40x40 images, above the CNN's 36x36 minimum
+
+    def __init__(self, num_envs: int, seed: int):
+        super().__init__(num_envs)
+        self.num_actions = 3
+        self.obs_shape = (1, self.size * self.cell, self.size * self.cell)
+        self.obs_dtype = np.dtype(np.uint8)
+        self._rng = np.random.default_rng(seed)
+        self._rows = np.arange(num_envs)
+        self._ball_row = np.zeros(num_envs, np.int64)
+        self._ball_col = np.zeros(num_envs, np.int64)
+        self._paddle = np.zeros(num_envs, np.int64)
+        self._grid = np.zeros((num_envs, self.size, self.size), np.uint8)
+
+    def _start(self, envs: np.ndarray) -> None:
+        self._ball_row[envs] = 0
+        self._ball_col[envs] = self._rng.integers(self.size, size=int(envs.sum()))
+        self._paddle[envs] = self.size // 2
+
+    def _observe(self) -> np.ndarray:
+        self._grid.fill(0)
+        first = self._ball_row == 0
+        self._grid[self._rows[first], 0, self._ball_col[first]] = 255
+        self._grid[self._rows, self.size - 1, self._paddle] = 128
+        pixels = self._grid.repeat(self.cell, axis=1).repeat(self.cell, axis=2)
+        return pixels[:, None]
+
+    def reset(self) -> np.ndarray:
+        self._start(np.ones(self.num_envs, bool))
+        return self._observe()
+
+    def step(self, actions):
+        self._paddle = np.clip(self._paddle + actions - 1, 0, self.size - 1)
+        self._ball_row += 1
+        dones = self._ball_row == self.size - 1
+        rewards = (dones & (self._paddle == self._ball_col)).astype(np.float32)
+        self._record(rewards, dones)
+        if dones.any():
+            self._start(dones)
+        return self._observe(), rewards, dones, self._all_valid
+
+
+def gym_spec(env_id: str):
+    """The registered spec of `env_id`, importing the module an id like `ale_py:ALE/Breakout-v5` names first
+    (gymnasium.spec does not)."""
+    import gymnasium
+
+    module, sep, name = env_id.partition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            hint = " (pip install 'rlperf[atari]')" if module == "ale_py" else ""
+            raise ConfigError("env", f"gym:{env_id} needs the module {module!r}, which cannot be imported: "
+                                     f"{exc}{hint}") from None
+    else:
+        name = env_id
+    try:
+        return gymnasium.spec(name)
+    except gymnasium.error.Error as exc:
+        raise ConfigError("env", f"gym:{env_id} is not a registered Gymnasium environment ({exc})") from None
+
+
+def gym_vectorize_mode(env_id: str, spec, vectorization: str):
+    """The `make_vec` mode for the `vectorization` setting; a mode this env cannot do is refused."""
+    from gymnasium.envs.registration import VectorizeMode
+
+    native = spec.vector_entry_point is not None
+    if vectorization == "auto":
+        vectorization = "native" if native else "sync"
+    if vectorization == "native" and not native:
+        raise ConfigError("vectorization", f"native needs the env's own vector entry point, and gym:{env_id} has none "
+                                           "(allowed here: auto, sync, async)")
+    if vectorization in ("sync", "async") and spec.entry_point is None:
+        raise ConfigError("vectorization", f"{vectorization} steps single copies of the env, and gym:{env_id} has "
+                                           "only a vector entry point (allowed here: auto, native)")
+    return {"native": VectorizeMode.VECTOR_ENTRY_POINT, "sync": VectorizeMode.SYNC,
+            "async": VectorizeMode.ASYNC}[vectorization]
 
 
 class GymVecEnv(VecEnv):
-    """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`."""
+    """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`: natively
+    vectorized by the env's own `vector_entry_point` (ale-py's `AtariVectorEnv` steps its emulators in C++
+    threads), or as copies stepped in turn (`sync`) or in a subprocess each (`async`).
 
-    def __init__(self, env_id: str, num_envs: int, seed: int):
+    Copies stepped by gymnasium are asked to reset within the step that ends an episode. A native env resets
+    as its `metadata["autoreset_mode"]` says (gymnasium's default, next-step, where it says nothing): a
+    next-step env's valid flags mark the step after each end, which only resets; an env that never resets
+    itself (disabled) is reset here, in the step that ended the episode."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto"):
         super().__init__(num_envs)
         import gymnasium
+        from gymnasium.vector import AutoresetMode
+        from gymnasium.envs.registration import VectorizeMode
 
+        spec = gym_spec(env_id)
+        mode = gym_vectorize_mode(env_id, spec, vectorization)
+        # copy=False: each step's observations are copied into the trainer's staging buffer before the next step
+        vector_kwargs = {} if mode == VectorizeMode.VECTOR_ENTRY_POINT else {
+            "vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
         try:
-            self._env = gymnasium.make_vec(
-                env_id, num_envs=num_envs, vectorization_mode="sync",
-                vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
-            )
+            self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)
         except gymnasium.error.Error as exc:
             raise ConfigError("env", f"gym:{env_id} cannot be made ({exc})") from None
+        try:
+            self.autoreset = AutoresetMode(self._env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        except ValueError:
+            raise ConfigError("env", f"gym:{env_id} declares an unknown autoreset_mode "
+                                     f"{self._env.metadata['autoreset_mode']!r}") from None
+        self.next_step_reset = self.autoreset == AutoresetMode.NEXT_STEP
+        self._resets_itself = self.autoreset != AutoresetMode.DISABLED
+        self._resetting = np.zeros(num_envs, bool)
         space = self._env.single_action_space
         if not isinstance(space, gymnasium.spaces.Discrete):
             raise ConfigError("env", f"gym:{env_id} has a {type(space).__name__} action space (allowed: Discrete)")
         self.num_actions = int(space.n)
-        self.obs_size = int(np.prod(self._env.single_observation_space.shape))
+        observations = self._env.single_observation_space
+        self.obs_shape = tuple(observations.shape) or (1,)
+        self.obs_dtype = np.dtype(np.uint8 if observations.dtype == np.uint8 else np.float32)
         self._seed = seed
+
+    def _observation(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(obs, dtype=self.obs_dtype).reshape(self.num_envs, *self.obs_shape)
 
     def reset(self) -> np.ndarray:
         obs, _ = self._env.reset(seed=self._seed)
-        return obs.reshape(self.num_envs, -1).astype(np.float32)
+        self._resetting[:] = False
+        return self._observation(obs)
 
     def step(self, actions):
         obs, rewards, terminated, truncated, _ = self._env.step(actions)
         dones = terminated | truncated
-        rewards = rewards.astype(np.float32)
-        self._record(rewards, dones)
-        return obs.reshape(self.num_envs, -1).astype(np.float32), rewards, dones
+        if self.next_step_reset:
+            valid, self._resetting = ~self._resetting, dones
+        else:
+            valid = self._all_valid
+        if not self._resets_itself and dones.any():
+            obs, _ = self._env.reset(options={"reset_mask": dones})
+        rewards = np.asarray(rewards, dtype=np.float32)
+        self._record(rewards, dones, valid if self.next_step_reset else None)
+        return self._observation(obs), rewards, dones, valid
+
+    def close(self) -> None:
+        self._env.close()
 
 
 def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0) -> VecEnv:
@@ -212,6 +366,9 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0) -> VecEnv:
         return MemoryEnv(num_envs, seed)
     if cfg.env == "cartpole":
         return CartPoleEnv(num_envs, seed)
+    if cfg.env == "catch":
+        return CatchEnv(num_envs, seed)
     if cfg.env == "synthetic":
-        return SyntheticEnv(num_envs, cfg.seed, cfg.obs_size, cfg.num_actions, cfg.env_cost_us, env_offset)
-    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed)
+        return SyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, cfg.env_cost_us,
+                            env_offset, np.dtype(cfg.obs_dtype))
+    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization)

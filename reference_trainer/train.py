@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reference_trainer.config import ConfigError, TrainConfig
+from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
@@ -103,10 +103,19 @@ class Trainer:
         group_size = n // cfg.env_groups
         groups = [slice(g * group_size, (g + 1) * group_size) for g in range(cfg.env_groups)]
         self.envs = [make_env(cfg, group_size, env_offset=rank.rank * n + rows.start) for rows in groups]
-        obs_size, num_actions = self.envs[0].obs_size, self.envs[0].num_actions
+        env = self.envs[0]
+        obs_shape, num_actions = env.obs_shape, env.num_actions
+        obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
+        # Where an env spends the step after an episode's end on its reset, that step is no transition: the
+        # `valid` buffer gives it no weight in the losses and the advantage statistics.
+        self.masked = env.next_step_reset
         T, H = cfg.horizon, cfg.hidden_size
+        refusal = cnn_refusal(obs_shape) if cfg.encoder == "cnn" else None
+        if refusal:
+            raise ConfigError("encoder", f"{refusal}; {cfg.env} observations are {list(obs_shape)}")
         fused_cell = device.type == "cuda" or autocast.dtype is None
-        self.policy = Policy(obs_size, num_actions, H, cfg.lstm, fused_cell).to(device)
+        self.policy = Policy(obs_shape, num_actions, H, cfg.lstm, fused_cell, encoder=cfg.encoder,
+                             cnn_channels=cfg.cnn_channels, pixels=obs_dtype == torch.uint8).to(device)
         with autocast():
             self.dtype_used = self.policy.compute_dtype(device)
         if self.dtype_used != (autocast.dtype or torch.float32):
@@ -122,19 +131,21 @@ class Trainer:
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
 
         # --- experience, preallocated on the training device ----------------------------------------
-        self.obs = torch.zeros(T + 1, n, obs_size, device=device)  # slot T holds the bootstrap observation
+        # slot T holds the bootstrap observation; pixels stay uint8 here and are scaled inside the policy
+        self.obs = torch.zeros(T + 1, n, *obs_shape, dtype=obs_dtype, device=device)
         self.starts = torch.zeros(T + 1, n, device=device)
         self.actions = torch.zeros(T, n, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(T, n, device=device)
         self.values = torch.zeros(T, n, device=device)
         self.rewards = torch.zeros(T, n, device=device)
         self.dones = torch.zeros(T, n, device=device)
+        self.valid = torch.ones(T, n, device=device)  # 0 where a step only reset its env (written only if masked)
         self.h0, self.c0 = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
         self.h, self.c = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
         self.stats = torch.zeros(len(STAT_NAMES), device=device)
 
         # What the policy step reads and writes, so it can be replayed as a CUDA graph.
-        self.step_obs = torch.zeros(n, obs_size, device=device)
+        self.step_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, device=device)
         self.step_start = torch.zeros(n, device=device)
         self.step_action = torch.zeros(n, dtype=torch.long, device=device)
         self.step_logprob = torch.zeros(n, device=device)
@@ -144,9 +155,12 @@ class Trainer:
         # Host side of the copies: pinned staging lets copies run asynchronously; two observation slots so
         # an observation is never overwritten while its copy may still be in flight.
         pin = cfg.pinned
-        host_obs = torch.zeros(2, n, obs_size, pin_memory=pin)
+        host_obs = torch.zeros(2, n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
         host_rewards = torch.zeros(2, n, pin_memory=pin)
         host_dones = torch.zeros(2, n, pin_memory=pin)
+        host_valid = torch.ones(2, n, pin_memory=pin)
+        copied_per_step = [host_obs, host_rewards, host_dones] + ([host_valid] if self.masked else [])
+        self.h2d_bytes_per_step = sum(buf[0, 0].nbytes for buf in copied_per_step)
         host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
@@ -156,8 +170,8 @@ class Trainer:
         # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host
         # time, and making a view costs about a microsecond.
         by_step = dict(obs=self.obs, starts=self.starts, actions=self.actions, logprobs=self.logprobs,
-                       values=self.values, rewards=self.rewards, dones=self.dones, host_obs=host_obs,
-                       host_rewards=host_rewards, host_dones=host_dones)
+                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid,
+                       host_obs=host_obs, host_rewards=host_rewards, host_dones=host_dones, host_valid=host_valid)
         by_env = dict(step_obs=self.step_obs, step_start=self.step_start, step_action=self.step_action,
                       step_logprob=self.step_logprob, step_value=self.step_value, step_noise=step_noise,
                       h=self.h, c=self.c, host_actions=host_actions)
@@ -167,8 +181,9 @@ class Trainer:
                  for g, view in enumerate(self.views)]
 
         S = cfg.minibatch_sequences_per_rank
+        minibatch_valid = {"valid": torch.ones(T, S, device=device)} if self.masked else {}
         self.minibatch = MinibatchUpdate(cfg, train_model, self.policy, optimizer, scaler, autocast, self.stats,
-                                         batch={"obs": torch.zeros(T, S, obs_size, device=device),
+                                         batch={"obs": torch.zeros(T, S, *obs_shape, dtype=obs_dtype, device=device),
                                                 "starts": torch.zeros(T, S, device=device),
                                                 "h0": torch.zeros(S, H, device=device),
                                                 "c0": torch.zeros(S, H, device=device),
@@ -176,7 +191,7 @@ class Trainer:
                                                 "logprobs": torch.zeros(T, S, device=device),
                                                 "advantages": torch.zeros(T, S, device=device),
                                                 "returns": torch.zeros(T, S, device=device),
-                                                "values": torch.zeros(T, S, device=device)})
+                                                "values": torch.zeros(T, S, device=device), **minibatch_valid})
         self.step_fns: list[Callable[[], None]] = [step.run for step in steps]
         self.forward_fn: Callable[[], None] = self.minibatch.forward_loss
         self.learn_fn: Callable[[], None] = self.minibatch.backward_step
@@ -292,7 +307,7 @@ class Trainer:
         if nb:
             self.actions_ready[group].synchronize()
         self.timer.enter("env")
-        next_obs, rewards, dones = self.envs[group].step(v.host_actions.numpy())
+        next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions.numpy())
         self.timer.enter("eval_copy")
         slot = t % 2
         if nb:
@@ -300,17 +315,24 @@ class Trainer:
         v.host_obs[slot].numpy()[:] = next_obs
         v.host_rewards[slot].numpy()[:] = rewards
         v.host_dones[slot].numpy()[:] = dones
+        if self.masked:
+            v.host_valid[slot].numpy()[:] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
             v.obs[t + 1].copy_(v.host_obs[slot], non_blocking=nb)
             v.rewards[t].copy_(v.host_rewards[slot], non_blocking=nb)
             v.dones[t].copy_(v.host_dones[slot], non_blocking=nb)
+            if self.masked:
+                v.valid[t].copy_(v.host_valid[slot], non_blocking=nb)
             if self.slot_free is not None:
                 self.slot_free[group][slot].record()
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
-        v.starts[t + 1].copy_(v.dones[t])
+        if self.masked:  # the observation after a reset-only step is the new episode's first
+            torch.mul(v.valid[t], -1.0, out=v.starts[t + 1]).add_(1.0)
+        else:
+            v.starts[t + 1].copy_(v.dones[t])
 
     def delay_copy(self) -> None:
         if self.copy_delay_cycles:
@@ -322,13 +344,22 @@ class Trainer:
         self.timer.enter("train_misc")
         advantages = gae(self.rewards, self.values, self.dones, self.step_value, cfg.gamma, cfg.gae_lambda)
         returns = advantages + self.values
-        moments = self.rank.all_reduce_sum(torch.stack([advantages.sum(), (advantages**2).sum()]))
-        count = advantages.numel() * self.rank.world_size
+        if self.masked:  # statistics of the real transitions only, their count a device value (no host read)
+            weighted = advantages * self.valid
+            moments = self.rank.all_reduce_sum(torch.stack([weighted.sum(), (weighted * advantages).sum(),
+                                                            self.valid.sum()]))
+            count = moments[2].clamp(min=1)
+        else:
+            moments = self.rank.all_reduce_sum(torch.stack([advantages.sum(), (advantages**2).sum()]))
+            count = advantages.numel() * self.rank.world_size
         mean = moments[0] / count
         std = (moments[1] / count - mean**2).clamp(min=0).sqrt()
         advantages = (advantages - mean) / (std + 1e-8)
 
         batch = self.minibatch.batch
+        sources = (("obs", self.obs[:-1]), ("starts", self.starts[:-1]), ("actions", self.actions),
+                   ("logprobs", self.logprobs), ("advantages", advantages), ("returns", returns),
+                   ("values", self.values)) + ((("valid", self.valid),) if self.masked else ())
         self.stats.zero_()
         for _ in range(cfg.update_epochs):
             order = torch.randperm(n, device=self.device)
@@ -336,9 +367,7 @@ class Trainer:
                 self.rank.beat()
                 self.timer.enter("train_misc")
                 idx = order[start:start + S]
-                for name, source in (("obs", self.obs[:-1]), ("starts", self.starts[:-1]),
-                                     ("actions", self.actions), ("logprobs", self.logprobs),
-                                     ("advantages", advantages), ("returns", returns), ("values", self.values)):
+                for name, source in sources:
                     torch.index_select(source, 1, idx, out=batch[name])
                 torch.index_select(self.h0, 0, idx, out=batch["h0"])
                 torch.index_select(self.c0, 0, idx, out=batch["c0"])
@@ -380,6 +409,10 @@ class Trainer:
         summary = summarize(self.cfg, epochs, wall, self.warmup_end - process_start, self.compile_seconds,
                             self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
         summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
+        summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
+        summary["parameters"] = sum(p.numel() for p in self.policy.parameters())
+        for env in self.envs:
+            env.close()
         return summary
 
 
@@ -440,7 +473,7 @@ class MinibatchUpdate:
         with self.autocast():
             logits, values = self.model(b["obs"], b["h0"], b["c0"], b["starts"])
             loss, stats = ppo_loss(self.cfg, logits, values, b["actions"], b["logprobs"], b["advantages"],
-                                   b["returns"], b["values"])
+                                   b["returns"], b["values"], b.get("valid"))
         self.loss = loss
         self.stats.add_(stats)
 
@@ -487,20 +520,29 @@ def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.T
     return advantages
 
 
-def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values):
+def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values, valid=None):
+    """PPO's clipped losses; with `valid`, every mean is over the valid samples only."""
+    if valid is None:
+        mean = torch.mean
+    else:
+        count = valid.sum().clamp(min=1)
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return (x * valid).sum() / count
+
     logprobs_all = F.log_softmax(logits.float(), dim=-1)
     logprobs = logprobs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1).mean()
+    entropy = mean(-(logprobs_all.exp() * logprobs_all).sum(-1))
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
-    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    policy_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
     values = values.float()
     clipped = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
-    value_loss = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+    value_loss = 0.5 * mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2))
     loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+        approx_kl = mean((ratio - 1) - log_ratio)
+        clipfrac = mean(((ratio - 1).abs() > cfg.clip_coef).float())
         stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
     return loss, stats
 
@@ -616,7 +658,6 @@ def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes
         summary["trace"] = getattr(profiler, "trace_path", None)
         summary["timeline"] = [list(mark) for mark in timeline]
     return summary
-
 
 def versions() -> dict[str, str | None]:
     from rlperf import __version__

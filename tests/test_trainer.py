@@ -99,8 +99,8 @@ def test_envs_auto_reset_and_report_finished_episodes():
     env = MemoryEnv(8, seed=0)
     env.reset()
     for _ in range(env.episode_length * 3):
-        obs, rewards, dones = env.step(np.zeros(8, np.int64))
-        assert obs.shape == (8, env.obs_size) and rewards.max() <= 1.0
+        obs, rewards, dones, valid = env.step(np.zeros(8, np.int64))
+        assert obs.shape == (8, env.obs_size) and rewards.max() <= 1.0 and valid.all()
     returns, lengths = env.drain_episodes()
     assert len(returns) == 24 and (lengths == env.episode_length).all()
     cart = CartPoleEnv(4, seed=0)
@@ -112,11 +112,11 @@ def test_envs_auto_reset_and_report_finished_episodes():
 
 
 def test_synthetic_env_is_the_same_data_however_envs_are_split():
-    whole = SyntheticEnv(8, 3, obs_size=4, num_actions=3, cost_us=0)
-    halves = [SyntheticEnv(4, 3, 4, 3, 0, env_offset=4 * k) for k in range(2)]
+    whole = SyntheticEnv(8, 3, obs_shape=(4,), num_actions=3, cost_us=0)
+    halves = [SyntheticEnv(4, 3, (4,), 3, 0, env_offset=4 * k) for k in range(2)]
     np.testing.assert_array_equal(whole.reset(), np.concatenate([h.reset() for h in halves]))
     actions = np.arange(8) % 3
-    obs, rewards, dones = whole.step(actions)
+    obs, rewards, dones, _ = whole.step(actions)
     split = [h.step(actions[4 * k:4 * k + 4]) for k, h in enumerate(halves)]
     np.testing.assert_array_equal(obs, np.concatenate([s[0] for s in split]))
     np.testing.assert_array_equal(rewards, np.concatenate([s[1] for s in split]))
@@ -173,8 +173,8 @@ def test_a_run_that_would_compute_in_another_dtype_is_refused(monkeypatch):
     import reference_trainer.train as train_module
 
     class FusedCellPolicy(Policy):
-        def __init__(self, obs_size, num_actions, hidden_size, use_lstm, fused_cell):
-            super().__init__(obs_size, num_actions, hidden_size, use_lstm, True)
+        def __init__(self, obs_shape, num_actions, hidden_size, use_lstm, fused_cell, **encoder):
+            super().__init__(obs_shape, num_actions, hidden_size, use_lstm, True, **encoder)
 
     monkeypatch.setattr(train_module, "Policy", FusedCellPolicy)
     with pytest.raises(ConfigError, match="dtype: bf16 was requested but the recurrent core computes in torch.float32"):
