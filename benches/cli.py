@@ -29,7 +29,7 @@ def device_choice(text: str) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="smoke",
-                        help="a suite in benches/suites (smoke, nightly, hardware, overhead) or a path to a .toml "
+                        help="a suite in benches/suites (smoke, nightly, hardware, overhead, atari) or a path to a .toml "
                              "file (default smoke)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}), logs and reports go (default {DEFAULT_OUT}/)")

@@ -217,6 +217,8 @@ class Sweep:
         table.add_column("e2e SPS", justify="right")
         table.add_column("contended", justify="right")
         table.add_column("detects", justify="right")
+        table.add_column("h2d B/step", justify="right")
+        table.add_column("h2d MB/s", justify="right")
         for phase in shown_phases:
             table.add_column(phase, justify="right")
         for row in table_data.to_dict("records"):
@@ -224,14 +226,16 @@ class Sweep:
             values = [plain(swept[name]) if name in swept else "" for name in axes]
             values += [row["status"], str(row["repeats"]), format_count(row["sps_median"]),
                        format_spread(row["spread"]), format_count(row["sps_end_to_end"]),
-                       format_contended(row["contended"], row["repeats"]), format_detects(row["detects"], self.options.alpha)]
+                       format_contended(row["contended"], row["repeats"]), format_detects(row["detects"], self.options.alpha),
+                       format_count(row["h2d_bytes_per_step"]), format_megabytes(row["h2d_mb_per_s"])]
             values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
             table.add_row(*values)
         self.console.print(table)
         self.console.print("spread: (max - min) / median of the repeats; contended: repeats during which other "
                            "processes used the CPU or GPU (left out of verdicts); detects: the smallest slowdown "
-                           "these repeats would catch 95% of the time against as many as noisy; phase columns: share "
-                           f"of steady time. Logs: {self.options.out_dir / run_id / 'points'}", soft_wrap=True)
+                           "these repeats would catch 95% of the time against as many as noisy; h2d: bytes the "
+                           "rollout copies host->device per agent step and per second at the median SPS; phase "
+                           f"columns: share of steady time. Logs: {self.options.out_dir / run_id / 'points'}", soft_wrap=True)
         contended = int(table_data["contended"].fillna(0).sum())
         if contended:
             self.console.print(f"warning: {contended} repeats ran on a contended machine (another process used the "
@@ -272,6 +276,10 @@ def point_result_text(record: PointRecord) -> str:
 
 def format_count(value: float | None) -> str:
     return "" if value is None or pd.isna(value) else f"{value:,.0f}"
+
+
+def format_megabytes(value: float | None) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:,.1f}"
 
 
 def format_spread(value: float | None) -> str:

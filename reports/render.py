@@ -92,6 +92,8 @@ def sps_section(table: pd.DataFrame) -> Section:
         "detects": [fmt_detectable(d) if n else "–" for d, n in zip(table["detects"], table["repeats"])],
         "end-to-end SPS": table["sps_end_to_end"].map(fmt_sps),
         "warm-up s": table["warmup_seconds"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "–"),
+        "host→device B/step": table["h2d_bytes_per_step"].map(lambda v: f"{v:,.0f}" if np.isfinite(v) else "–"),
+        "host→device MB/s": table["h2d_mb_per_s"].map(lambda v: f"{v:,.1f}" if np.isfinite(v) else "–"),
         "dtype used": table["dtype_used"], "device": table["device"],
         "episode return": table["mean_episode_return"].map(lambda v: f"{v:.3g}" if np.isfinite(v) else "–"),
         "note": table["reason"],
@@ -101,7 +103,9 @@ def sps_section(table: pd.DataFrame) -> Section:
     text = ["Steady steps per second exclude set-up, compilation and warm-up epochs; end-to-end SPS includes "
             "them. Each repeat is a separate trainer process. 'contended': repeats during which other processes "
             "used the machine (left out of verdicts); 'detects': the smallest slowdown the quiet repeats would "
-            "catch 95% of the time against as many repeats as noisy."]
+            "catch 95% of the time against as many repeats as noisy. Host→device: the bytes the rollout copies "
+            "into the experience buffers per agent step (observation, reward, done and, for envs that reset on the "
+            "next step, valid flags), and per second at the median SPS."]
     return Section("Steps per second", text, [shown], figs)
 
 

@@ -67,7 +67,9 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
                      alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
     """One row per point, in the order of `points`: status, SPS median and spread over repeats, contended
     repeats, the smallest slowdown the repeats would catch (`detects`), and each phase's share of steady time
-    (`share.PHASE`). The bench's table and every report read this one summary."""
+    (`share.PHASE`), and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
+    `h2d_mb_per_s`; NaN for runs from before the trainer reported them). The bench's table and every report
+    read this one summary."""
     rows = []
     for point in points.itertuples():
         mine = samples[samples["point_key"] == point.point_key]
@@ -76,6 +78,7 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
         contended, detects = detectable_alone(mine, threshold, alpha) if len(sps) else (0, np.nan)
         median = float(np.median(sps)) if len(sps) else np.nan
         steady = sum(summary["steady_seconds"] for summary in summaries)
+        h2d = _median_or_nan(pd.Series([summary.get("h2d_bytes_per_step") for summary in summaries], dtype=object))
         rows.append({
             "point_key": point.point_key,
             "label": point_label(point.point_key),
@@ -94,6 +97,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
             "contended": contended,
             "detects": detects,
+            "h2d_bytes_per_step": h2d,
+            "h2d_mb_per_s": h2d * median / 1e6,
             **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
                for phase in PHASES},
         })
