@@ -1,5 +1,6 @@
 """A sweep from suite file to stored run: check everything, record the points this machine cannot run,
-run the rest one by one with live progress, then summarise, export and render the report."""
+run the rest one by one with live progress, then print their summary and export it; `rlperf bench` renders the
+report after."""
 
 from __future__ import annotations
 
