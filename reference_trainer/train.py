@@ -29,7 +29,9 @@ from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
+from rlperf import __version__
 from rlperf.cpus import usable_cores
+from rlperf.machine import torch_versions
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
@@ -652,25 +654,10 @@ def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes
         "world_size": cfg.world_size,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "device_uuid": f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None,
-        "versions": versions(),
+        "versions": {"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
+                     **torch_versions()},
     }
     if profiler is not None:
         summary["trace"] = getattr(profiler, "trace_path", None)
         summary["timeline"] = [list(mark) for mark in timeline]
     return summary
-
-def versions() -> dict[str, str | None]:
-    from rlperf import __version__
-
-    nccl = None
-    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "rlperf": __version__,
-        "cuda": torch.version.cuda,
-        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl,
-    }
