@@ -140,6 +140,10 @@ def test_real_trainer_sweep_stores_every_sample_and_exports(tmp_path):
     assert all(set(phases) <= {"env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward",
                                "learn", "log"} for phases in samples["phases"])
     assert (tmp_path / "out" / "samples.csv").read_text().count("\n") == 5
+    # 32 float32 observation values, a reward and a done flag per agent step
+    assert [s["h2d_bytes_per_step"] for s in samples["summary"]] == [136] * 4
+    report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
+    assert "| host→device B/step | host→device MB/s |" in report and report.count("| 136 |") == 2
     logs = sorted((tmp_path / "out" / run_id / "points").glob("*/repeat-*.log"))
     assert len(logs) == 4 and logs[0].read_text().startswith("$ ")
 
