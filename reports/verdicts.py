@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reference_trainer.config import OBSERVER, PHASES, fields_with
+from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
 from reports import intervals
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.store import point_label
@@ -46,6 +46,7 @@ from rlperf.store import point_label
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
 # phase that costs 0.1% of the step explains nothing.
 MIN_PHASE_GROWTH_SHARE = 0.02
+DEFAULT_CONFIG = TrainConfig().to_dict()
 OUTCOMES = ("regressed", "improved", "unchanged", "inconclusive")
 STATUSES = OUTCOMES + ("new", "missing", "failed")
 
@@ -88,8 +89,10 @@ def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> st
     """Identity of a point across runs: its swept values and its resolved configuration, less the fields
     that only change how it was observed or perturbed (a traced or delay-injected run is still the same
     point) and any `ignored` ones. The swept values are part of it because two sweep blocks of one suite
-    can resolve to the same configuration."""
-    kept = {name: value for name, value in config.items() if name not in fields_with(OBSERVER) + ignored}
+    can resolve to the same configuration. A setting added to the trainer after a run was stored counts as
+    its default there, so the run still matches a newer one that leaves the setting at its default."""
+    resolved = {**DEFAULT_CONFIG, **config}
+    kept = {name: value for name, value in resolved.items() if name not in fields_with(OBSERVER) + ignored}
     return json.dumps([json.loads(point_key), kept], sort_keys=True)
 
 

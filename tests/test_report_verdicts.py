@@ -216,6 +216,10 @@ def test_points_match_by_configuration_ignoring_injected_delays():
     assert match_key(key, with_delay) == match_key(key, {**with_delay, "inject_delay": {}})
     assert match_key(key, with_delay) != match_key(key, {**with_delay, "hidden_size": 32})
     assert match_key(key, with_delay) != match_key(json.dumps({"world_size": 1}), with_delay)
+    # a run stored before a setting existed matches a newer run that leaves it at its default, not one that sets it
+    older = with_delay
+    assert match_key(key, older) == match_key(key, {**with_delay, "encoder": "mlp"})
+    assert match_key(key, older) != match_key(key, {**with_delay, "encoder": "cnn"})
 
 
 def test_point_label_reads_the_swept_values():
