@@ -157,6 +157,10 @@ def project_repo(root: Path) -> Path:
     repo = root / "project"
     for package in PACKAGES:
         shutil.copytree(REPO_ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    # Verdicts leave out repeats run on a busy machine, and a shared test machine is busy: that rule is tested
+    # with the verdicts. In this history every repeat counts as quiet, so each step depends on the speeds.
+    with open(repo / "profilers" / "interference.py", "a") as monitor:
+        monitor.write("\n\ndef contention(account):\n    return []\n")
     (repo / ".gitignore").write_text("__pycache__/\n")
     git(repo, "init", "-q", "-b", "main")
     note(repo, "# notes")

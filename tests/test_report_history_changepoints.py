@@ -15,10 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlperf.store import Store
+from profilers import interference
 from reference_trainer.config import PHASES
 from reports import changepoints
 from reports.rundata import RunData, load_run
+from rlperf.cli import main
+from rlperf.store import Store
 
 PROCESS_NOISE = 0.12  # log SD of one process's SPS on this machine
 STEADY_STEPS = 1000
@@ -156,9 +158,11 @@ TINY = """
 
 
 def bench(suite, out) -> None:
-    done = subprocess.run([sys.executable, "-m", "rlperf", "bench", "--suite", str(suite), "--out", str(out)],
-                          capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # Verdicts and change points leave out repeats run on a busy machine, and a shared test machine is busy:
+    # that rule is tested on its own (test_contended_repeats_are_left_out). Here every repeat counts as quiet.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(interference, "contention", lambda account: [])
+        assert main(["bench", "--suite", str(suite), "--out", str(out)]) == 0
 
 
 @pytest.fixture(scope="module")
