@@ -211,13 +211,9 @@ def history(trend: pd.DataFrame, levels: pd.DataFrame, marks: pd.DataFrame, colu
     """SPS over runs, one panel per point; regressed runs marked; change points as dashed lines with the level
     of each stretch between them shaded. `trend`: label, order, commit, sps, regressed (bool); `levels`: label,
     first, last (orders), level, low, high; `marks`: label, order, metric, worse, note."""
-    labels = list(dict.fromkeys(trend["label"]))
-    rows = -(-len(labels) // columns)
     with rc_context(STYLE):
-        figure = _new(4.2 * columns, 2.6 * rows)
-        axes = figure.subplots(rows, columns, squeeze=False).ravel()
-        ticks = trend.drop_duplicates("order").sort_values("order")
-        for ax, label in zip(axes, labels):
+        figure, panels = _panels_over_runs(trend, columns, 2.6)
+        for ax, label in panels:
             frame = trend[trend["label"] == label].sort_values("order")
             for stretch in levels[levels["label"] == label].itertuples():
                 span = [stretch.first - 0.4, stretch.last + 0.4]
@@ -227,15 +223,31 @@ def history(trend: pd.DataFrame, levels: pd.DataFrame, marks: pd.DataFrame, colu
             bad = frame[frame["regressed"]]
             ax.plot(bad["order"], bad["sps"], "v", ms=9, color=REGRESSED_COLOR, label="regressed")
             _change_lines(ax, marks[(marks["label"] == label) & (marks["metric"] == "SPS")])
-            ax.set_title(_short(label, 44), fontsize=9)
-            ax.set_ylim(bottom=0)
-            ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
-            ax.set_ylabel("SPS")
+            _finish_panel(ax, label, trend, "SPS")
             if not bad.empty:
                 ax.legend(loc="lower left")
-        for ax in axes[len(labels):]:
-            ax.set_visible(False)
         return to_svg(figure)
+
+
+def _panels_over_runs(trend: pd.DataFrame, columns: int, panel_height: float) -> tuple[Figure, list]:
+    """A grid of panels, one per point of `trend` (label, order, commit, ...), as (axes, label) pairs; spare
+    panels of the last row are hidden."""
+    labels = list(dict.fromkeys(trend["label"]))
+    rows = -(-len(labels) // columns)
+    figure = _new(4.2 * columns, panel_height * rows)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[len(labels):]:
+        ax.set_visible(False)
+    return figure, list(zip(axes, labels))
+
+
+def _finish_panel(ax, label: str, trend: pd.DataFrame, ylabel: str) -> None:
+    """The point's name above, the axis from zero, and each run named by its commit below."""
+    ticks = trend.drop_duplicates("order").sort_values("order")
+    ax.set_title(_short(label, 44), fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
 
 
 def _change_lines(ax, marks: pd.DataFrame, note: str = "note") -> None:
@@ -250,27 +262,18 @@ def _change_lines(ax, marks: pd.DataFrame, note: str = "note") -> None:
 def phase_history(trend: pd.DataFrame, marks: pd.DataFrame, columns: int = 2) -> str:
     """Time per agent step of each phase over runs, one panel per point, change points marked as in the SPS
     panels. `trend`: label, order, commit, phase, us_per_step; `marks`: label, order, metric, worse, phase_note."""
-    labels = list(dict.fromkeys(trend["label"]))
-    rows = -(-len(labels) // columns)
     with rc_context(STYLE):
-        figure = _new(4.2 * columns, 2.9 * rows)
-        axes = figure.subplots(rows, columns, squeeze=False).ravel()
-        ticks = trend.drop_duplicates("order").sort_values("order")
-        for ax, label in zip(axes, labels):
+        figure, panels = _panels_over_runs(trend, columns, 2.9)
+        for ax, label in panels:
             frame = trend[trend["label"] == label]
             for phase, line in frame.groupby("phase", sort=False):
                 line = line.sort_values("order")
                 ax.plot(line["order"], line["us_per_step"], "o-", ms=2.5, lw=1.2, label=phase,
                         color=PHASE_COLORS.get(phase, "#bbbbbb"))
             _change_lines(ax, marks[marks["label"] == label], "phase_note")
-            ax.set_title(_short(label, 44), fontsize=9)
-            ax.set_ylim(bottom=0)
-            ax.set_xticks(ticks["order"], ticks["commit"], rotation=45, ha="right", fontsize=7)
-            ax.set_ylabel("µs per agent step")
-        if labels:
-            axes[0].legend(ncols=4, loc="lower left", bbox_to_anchor=(0.0, 1.12), fontsize=7)
-        for ax in axes[len(labels):]:
-            ax.set_visible(False)
+            _finish_panel(ax, label, trend, "µs per agent step")
+        if panels:
+            panels[0][0].legend(ncols=4, loc="lower left", bbox_to_anchor=(0.0, 1.12), fontsize=7)
         return to_svg(figure)
 
 
