@@ -66,7 +66,8 @@ def point_table(run: RunData, threshold: float = DEFAULT_THRESHOLD, alpha: float
 def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
                      alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
     """One row per point, in the order of `points`: status, SPS median and spread over repeats, contended
-    repeats, the smallest slowdown the repeats would catch (`detects`), and each phase's share of steady time
+    repeats, the smallest slowdown the repeats would catch when every point of the run is judged with it
+    (`detects`), and each phase's share of steady time
     (`share.PHASE`), and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
     `h2d_mb_per_s`; NaN for runs from before the trainer reported them). The bench's table and every report
     read this one summary."""
@@ -75,7 +76,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
         mine = samples[samples["point_key"] == point.point_key]
         sps = mine["sps"].to_numpy(dtype=float)
         summaries = list(mine["summary"])
-        contended, detects = detectable_alone(mine, threshold, alpha) if len(sps) else (0, np.nan)
+        contended, detects = detectable_alone(mine, threshold, alpha, family=len(points)) if len(sps) \
+            else (0, np.nan)
         median = float(np.median(sps)) if len(sps) else np.nan
         steady = sum(summary["steady_seconds"] for summary in summaries)
         h2d = _median_or_nan(pd.Series([summary.get("h2d_bytes_per_step") for summary in summaries], dtype=object))
