@@ -1,25 +1,24 @@
-"""`rlperf bench --against REF`: the suite measured at REF and at the working tree in alternating processes,
+"""`rlperf bench --against REF`: the suite measured at REF and at the working tree in pairs of processes,
 point by point, so that drift and neighbours land on both sides alike (as asv's `continuous` does).
 
 REF is checked out in a temporary git worktree and its trainer runs from there with the same Python, so only
-the code differs. Within a pair the order flips (A B, then B A), so neither side always runs second. Both
-sides go into the store as runs of their own, REF's first, each naming the other, so `rlperf report` can
-judge them again later.
+the code differs. Inside each pair the order is drawn at random and stored with the samples: under "the change
+does nothing to this point" each pair's log ratio is then as likely to lean either way whatever the machine
+does, and the paired signed-rank test of reports/sequential.py is exact. A pair whose processes either one was
+contended is left out whole. Both sides go into the store as runs of their own, REF's first, the working tree's
+naming REF's, with the design that judges them (`pairing`), so `rlperf report` judges them again the same way.
 
-With `until_decided`, pairs are added to each point until its verdict is decided (regressed, improved or
-unchanged) or a limit is reached (`max_repeats` pairs, or the point's share of `budget_s`). Looking at the
-data more than once needs care: every look is a chance for noise to pass for a change. So looks come only at
-a fixed schedule (LOOK_GROWTH times the previous look, from FIRST_LOOK pairs), and each spends part of alpha,
-in proportion to the pairs added since the last look: alpha * added / max_repeats. The parts add up to at most
-alpha, so by the union bound the chance of any false claim over all looks stays below alpha; the bound ignores
-how much consecutive looks share their data, so the true rate is lower still. With several points, each point
-gets alpha / points (Bonferroni).
+With `until_decided`, pairs are added to each point until its verdict is decided (regressed, improved,
+unchanged or not slower) or a limit is reached (`max_repeats` pairs, or `budget_s` seconds for the point): the
+design looks at the pairs at fixed counts and spends alpha over its looks, each point getting alpha / points.
+Without it, each point gets the suite's repeats in pairs and one look at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import random
 import shutil
 import subprocess
 import tempfile
@@ -34,18 +33,14 @@ from rich.console import Console
 from benches import suite as suites
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.intervals import fewest_repeats
-from reports.verdicts import OUTCOMES, PointVerdict, exit_code, fmt_interval, judge, judge_point
+from reports.sequential import Design, pairing_entry, pairs_to_decide
+from reports.verdicts import PointVerdict, fmt_interval, judge_pair_point
 from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
 from rlperf.store import PointRecord, Store, point_label, utc_now
-
-FIRST_LOOK = 8  # pairs: the fewest at which a completely separated point clears a look's share of alpha
-LOOK_GROWTH = 1.4
-DECIDED = tuple(outcome for outcome in OUTCOMES if outcome != "inconclusive")
 
 
 @dataclass
@@ -65,29 +60,6 @@ class AgainstOptions:
     alpha: float = DEFAULT_ALPHA
     fail_on_inconclusive: bool = False
     wait: bool = True
-
-
-def looks(max_repeats: int, first: int = FIRST_LOOK) -> list[int]:
-    """Pair counts at which the data are judged: `first`, then each about LOOK_GROWTH times the last."""
-    schedule = [min(first, max_repeats)]
-    while schedule[-1] < max_repeats:
-        schedule.append(min(max_repeats, max(schedule[-1] + 1, math.ceil(schedule[-1] * LOOK_GROWTH))))
-    return schedule
-
-
-def look_alphas(max_repeats: int, alpha: float, first: int = FIRST_LOOK) -> dict[int, float]:
-    """The part of alpha each look spends: in proportion to the pairs added since the previous look."""
-    schedule = looks(max_repeats, first)
-    return {n: alpha * (n - previous) / max_repeats for previous, n in zip([0] + schedule, schedule)}
-
-
-def earliest_look(max_repeats: int, alpha: float) -> int:
-    """The fewest pairs at which a first look can decide anything: where completely separated sides clear the
-    part of alpha that look spends (alpha * pairs / max_repeats)."""
-    for pairs in range(1, max_repeats):
-        if fewest_repeats(alpha * pairs / max_repeats) <= pairs:
-            return pairs
-    return max_repeats
 
 
 def resolve_commit(ref: str, field: str = "against") -> str:
@@ -125,12 +97,12 @@ def frame(record: PointRecord) -> pd.DataFrame:
                         columns=["point_key", "repeat", "sps", "phases", "summary"])
 
 
-def points_and_samples(records: list[PointRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def frames(records: list[PointRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Points and samples frames, shaped like the store's, of one side's records."""
     points = pd.DataFrame([{"point_key": r.point_key, "config": r.config, "status": r.status, "reason": r.reason}
                            for r in records], columns=["point_key", "config", "status", "reason"])
-    return points, pd.concat([frame(r) for r in records], ignore_index=True) if records else frame(
-        PointRecord("", {}, "ok", "", 0.0))
+    samples = [frame(r) for r in records]
+    return points, pd.concat(samples, ignore_index=True) if samples else frame(PointRecord("", {}, "ok", "", 0.0))
 
 
 class Against:
@@ -152,22 +124,27 @@ class Against:
         key = machine_key(current)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
+        runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
+        design = self.design(len(runnable), suite.repeats)
         with MeasurementLock() as lock, worktree(commit) as tree:
             lock.acquire(opts.wait, lambda text: self.console.print(text, markup=False, soft_wrap=True),
                          suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 label = opts.label or f"against {opts.ref}"
                 ref_run = store.create_run(suite.name, suite.suite_hash,
-                                           {**reference, "against": {"side": "ref", "ref": opts.ref}}, key,
+                                           {**reference, "against": {"side": "ref", "ref": opts.ref},
+                                            **pairing_entry("ref", None, design)}, key,
                                            f"{label}: {opts.ref} ({commit[:10]})")
                 new_run = store.create_run(suite.name, suite.suite_hash,
                                            {**current, "against": {"side": "working tree", "ref": opts.ref,
-                                                                   "ref_run": ref_run}}, key, f"{label}: working tree")
+                                                                   "ref_run": ref_run},
+                                            **pairing_entry("new", ref_run, design)}, key,
+                                           f"{label}: working tree")
                 lock.update(run_id=new_run)
                 self.console.print(f"runs {ref_run} ({opts.ref} at {commit[:10]}) and {new_run} (working tree): "
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
-                    verdicts = self.measure(store, suite, machine, tree, ref_run, new_run)
+                    verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
                 except KeyboardInterrupt:
                     for run_id in (ref_run, new_run):
                         store.finish_run(run_id, "interrupted")
@@ -178,28 +155,44 @@ class Against:
         from reports.render import render
         from reports.rundata import load_run
 
-        print_verdicts(self.console, verdicts)
+        # the verdicts shown are the report's, judged from the store by the design stored there
         report_dir = opts.out_dir / new_run / "report"
         with Store.open(store_path, readonly=True) as store:
             candidate, baseline = load_run(store, new_run), load_run(store, ref_run, "baseline")
-        render(candidate, str(report_dir), baseline, opts.threshold, opts.alpha)
+        code, judged, _ = render(candidate, str(report_dir), baseline, opts.threshold, opts.alpha,
+                                 fail_on_inconclusive=opts.fail_on_inconclusive)
+        print_verdicts(self.console, judged)
         self.console.print(f"report: {report_dir} (the working tree against {opts.ref}); "
                            f"`rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` judges again")
-        failed = any(v.status == "failed" for v in verdicts)
-        return 1 if failed else exit_code(verdicts, opts.fail_on_inconclusive)
+        return 1 if any(v.status == "failed" for v in verdicts) else code
+
+    def design(self, points: int, suite_repeats: int) -> Design:
+        """How each point's pairs are judged: alpha / points each (so the chance of any false claim in the
+        run stays within alpha), looks up to `max_repeats` pairs with until_decided, else one look after the
+        suite's repeats (or --repeats) in pairs."""
+        opts = self.options
+        alpha = opts.alpha / max(1, points)
+        if opts.until_decided:
+            return Design.plan(opts.max_repeats, alpha, sides=2, threshold=opts.threshold)
+        pairs = opts.repeats or suite_repeats
+        return Design((pairs,), alpha, sides=2, threshold=opts.threshold, futility_from=pairs)
 
     def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path, ref_run: str,
-                new_run: str) -> list[PointVerdict]:
+                new_run: str, design: Design) -> list[PointVerdict]:
         opts = self.options
         utilization = UtilizationProbe(suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
         timeout = opts.timeout_s or suite.timeout_s
-        pairs = opts.max_repeats if opts.until_decided else (opts.repeats or suite.repeats)
-        sides = {"ref": PointRunner(opts.out_dir / ref_run, pairs, timeout, utilization, trainer_command, cwd=tree),
-                 "new": PointRunner(opts.out_dir / new_run, pairs, timeout, utilization, trainer_command)}
-        runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
-        point_alpha = opts.alpha / max(1, len(runnable))
-        started = time.monotonic()
-        verdicts, measured = [], []
+        sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
+                                    trainer_command, cwd=tree),
+                 "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
+                                    trainer_command)}
+        pairing = Pairing(sides, design, lambda text: self.console.print(text, markup=False, soft_wrap=True))
+        if design.looks[0] > 1 and math.isinf(pairing.fewest_decisive()):
+            self.console.print(f"note: {design.max_pairs} pairs a point cannot reach alpha {design.alpha:.2g} "
+                               f"(alpha / points) with the exact paired test: no claim is possible; "
+                               f"--until-decided or more --repeats make one possible")
+        verdicts = []
+        budget = opts.budget_s if opts.until_decided else math.inf
         for index, point in enumerate(suite.points):
             reason = machine.skip_reason(point.config)
             if reason is not None:
@@ -208,92 +201,110 @@ class Against:
                                                            reason=reason))
                 self.console.print(f"skipped {point.label}: {reason}")
                 continue
-            # each point may use an equal share of what is left of the budget
-            points_left = max(1, len(runnable) - len(measured))
-            deadline = time.monotonic() + (started + opts.budget_s - time.monotonic()) / points_left
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in sides}
-            verdict = self.measure_point(index, point, sides, records, machine.gpu_uuids(point.config), pairs,
-                                         point_alpha, deadline)
+            verdict = pairing.measure(index, point, records, machine.gpu_uuids(point.config),
+                                      time.monotonic() + budget)
             for side, run_id in (("ref", ref_run), ("new", new_run)):
                 store.record_point(run_id, records[side])
             verdicts.append(verdict)
-            measured.append(records)
-        if opts.until_decided:
-            return verdicts
-        # a fixed number of pairs: judged together, as the report judges them
-        return judge(*(points_and_samples([records[side] for records in measured]) for side in ("new", "ref")),
-                     threshold=opts.threshold, alpha=opts.alpha)
-
-    def measure_point(self, index: int, point: suites.Point, sides: dict[str, PointRunner],
-                      records: dict[str, PointRecord], gpu_uuids: list[str], pairs: int, point_alpha: float,
-                      deadline: float) -> PointVerdict:
-        opts = self.options
-        # without until_decided nothing is judged here: the points are judged together at the end
-        spend = look_alphas(pairs, point_alpha) if opts.until_decided else {}
-        pairing = Pairing(sides, opts.threshold, lambda text: self.console.print(text, markup=False, soft_wrap=True))
-        return pairing.measure(index, point, records, gpu_uuids, pairs, spend, deadline)
+        return verdicts
 
 
 class Pairing:
-    """One point measured on two sides, "ref" and "new" (two checkouts), in alternating processes: A B, then
-    B A. After each pair whose count has a part of alpha in `spend`, the point is judged (new against ref),
-    and a verdict that `decided` accepts (by default regressed, improved or unchanged) ends it; so does the
-    deadline, or a repeat that fails."""
+    """One point measured on two sides, "ref" and "new" (two checkouts), in pairs of processes whose order is
+    drawn at random. After each pair the point is judged by `design` (new against ref); a decision ends it, and
+    so do the design's most pairs, the deadline (then the pairs there are make a final look), or a repeat
+    that fails."""
 
-    def __init__(self, sides: dict[str, PointRunner], threshold: float, say: Callable[[str], None],
-                 names: dict[str, str] | None = None, decided: Callable[[PointVerdict], bool] | None = None):
+    def __init__(self, sides: dict[str, PointRunner], design: Design | None, say: Callable[[str], None],
+                 names: dict[str, str] | None = None, rng: random.Random | None = None):
         self.sides = sides
-        self.threshold = threshold
+        self.design = design
         self.say = say
         self.names = names or {side: side for side in sides}  # how the progress lines call each side
-        self.decided = decided or (lambda verdict: verdict.status in DECIDED)
+        self.rng = rng or random.Random()
+
+    def fewest_decisive(self) -> float:
+        """The fewest pairs at which the design could claim anything: inf when its last look cannot."""
+        counts = [count for count in self.design.looks if 0.5 ** count <= self.design.side_alpha]
+        return counts[0] if counts else math.inf
+
+    def directories(self, index: int, point: suites.Point) -> dict[str, Path]:
+        found = {side: runner.point_dir(index, point) for side, runner in self.sides.items()}
+        for directory in found.values():
+            directory.mkdir(parents=True, exist_ok=True)
+        return found
+
+    def run_pair(self, pair: int, point: suites.Point, records: dict[str, PointRecord],
+                 directories: dict[str, Path], gpu_uuids: list[str]) -> PointVerdict | None:
+        """One process of each side, in an order drawn at random and stored with both samples; a `failed`
+        verdict naming the side when a process fails, else None."""
+        order = ("ref", "new") if self.rng.random() < 0.5 else ("new", "ref")
+        for side in order:
+            record = records[side]
+            t0 = time.monotonic()
+            status, reason, summary = self.sides[side].run_repeat(point, pair, directories[side], gpu_uuids, record)
+            record.seconds += time.monotonic() - t0
+            if status != "ok":
+                record.status, record.reason = status, f"repeat {pair + 1}: {reason}"
+                failed = PointVerdict("", point.label, "failed",
+                                      f"{self.names[side]}: {status}: {reason}".splitlines()[0])
+                self.say(f"{point.label}: {failed.reason}")
+                return failed
+            summary["pair"] = {"index": pair, "first": order[0]}
+            record.samples.append((pair, summary))
+        return None
 
     def measure(self, index: int, point: suites.Point, records: dict[str, PointRecord], gpu_uuids: list[str],
-                pairs: int, spend: dict[int, float], deadline: float) -> PointVerdict:
-        directories = {side: runner.point_dir(index, point) for side, runner in self.sides.items()}
-        for directory in directories.values():
-            directory.mkdir(parents=True, exist_ok=True)
-        verdict = PointVerdict("", point.label, "inconclusive", "no pair was measured")
+                deadline: float) -> PointVerdict:
+        directories = self.directories(index, point)
         pair_seconds: list[float] = []
-        for pair in range(pairs):
+        warned = False
+        for pair in range(self.design.max_pairs):
             if pair_seconds and time.monotonic() + sum(pair_seconds) / len(pair_seconds) > deadline:
-                verdict.reason += f"; stopped at the time budget after {pair} pairs"
-                break
+                verdict = self.judge(point, records, ended=True)
+                verdict.reason = f"stopped at the time budget after {pair} pairs; " + verdict.reason
+                return verdict
             pair_start = time.monotonic()
-            for side in (("ref", "new") if pair % 2 == 0 else ("new", "ref")):
-                record = records[side]
-                t0 = time.monotonic()
-                status, reason, summary = self.sides[side].run_repeat(point, pair, directories[side], gpu_uuids,
-                                                                      record)
-                record.seconds += time.monotonic() - t0
-                if status != "ok":
-                    record.status, record.reason = status, f"repeat {pair + 1}: {reason}"
-                    failed = PointVerdict("", point.label, "failed",
-                                          f"{self.names[side]}: {status}: {reason}".splitlines()[0])
-                    self.say(f"{point.label}: {failed.reason}")
-                    return failed
-                record.samples.append((pair, summary))
+            failed = self.run_pair(pair, point, records, directories, gpu_uuids)
+            if failed is not None:
+                return failed
             pair_seconds.append(time.monotonic() - pair_start)
-            alpha = spend.get(pair + 1)
-            if alpha is None:
-                self.say_pair(point, pair, records)
-                continue
-            verdict = judge_point(frame(records["new"]), frame(records["ref"]), self.threshold, alpha)
-            verdict.point = point_label(point.key)
-            self.say_pair(point, pair, records, verdict, alpha)
-            if self.decided(verdict):
-                break
+            verdict = self.judge(point, records, ended=False)
+            self.say_pair(point, pair, records, verdict)
+            if verdict.decision.stopped:
+                return verdict
+            if not warned and verdict.decision.pairs >= self.design.looks[0]:
+                warned = self.warn_budget(point, verdict, deadline, sum(pair_seconds) / len(pair_seconds))
+        return self.judge(point, records, ended=True)
+
+    def judge(self, point: suites.Point, records: dict[str, PointRecord], ended: bool) -> PointVerdict:
+        verdict = judge_pair_point(frame(records["new"]), frame(records["ref"]), self.design, ended=ended)
+        verdict.point = point_label(point.key)
         return verdict
 
+    def warn_budget(self, point: suites.Point, verdict: PointVerdict, deadline: float, pair_s: float) -> bool:
+        """Says once, at the first look, when the budget is unlikely to reach a decision at the noise measured."""
+        decision = verdict.decision
+        needed = pairs_to_decide(decision.spread, math.log1p(decision.naive), self.design)
+        affordable = decision.pairs + max(0, int((deadline - time.monotonic()) / pair_s))
+        if needed is None or needed <= min(affordable, self.design.max_pairs):
+            return False
+        self.say(f"{point.label}: at the pair spread measured ({decision.spread:.1%}) and a change of "
+                 f"{decision.naive:+.1%}, deciding likely needs about {needed} quiet pairs (~{needed * pair_s:.0f} s "
+                 f"at {pair_s:.0f} s a pair); the budget and --max-repeats allow {min(affordable, self.design.max_pairs)}: "
+                 f"it will likely end inconclusive (raise --budget-s or --max-repeats, or the threshold)")
+        return True
+
     def say_pair(self, point: suites.Point, pair: int, records: dict[str, PointRecord],
-                 verdict: PointVerdict | None = None, alpha: float | None = None) -> None:
+                 verdict: PointVerdict) -> None:
         ref_sps, new_sps = (records[side].samples[-1][1]["sps"] for side in ("ref", "new"))
+        first = records["new"].samples[-1][1]["pair"]["first"]
         text = (f"{point.label} pair {pair + 1}: {self.names['ref']} {ref_sps:,.0f} SPS, "
-                f"{self.names['new']} {new_sps:,.0f} SPS")
-        if verdict is not None:
-            text += f"; look at {1 - alpha:.2%}: {verdict.status}"
-            if verdict.sps is not None:
+                f"{self.names['new']} {new_sps:,.0f} SPS ({self.names[first]} first)")
+        decision = verdict.decision
+        if decision.pairs in self.design.looks or decision.stopped:
+            text += f"; look at {decision.pairs} quiet pairs: {verdict.status}"
+            if verdict.sps is not None and decision.stopped:
                 text += f", change {verdict.sps.relative:+.1%} {fmt_interval(verdict.sps)}"
-            if verdict.status == "inconclusive":
-                text += f" ({verdict.reason})"
         self.say(text)

@@ -6,15 +6,13 @@ The commits searched are BAD's first-parent chain back to GOOD, kept to GOOD's d
 commit, as with `git bisect --first-parent`. A binary search assumes that once slow, the point stays slow.
 
 Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
-for the whole search, in alternating processes with the machinery of `rlperf bench --against --until-decided`
-(benches/against.py): pairs are added until the verdict is decided, spending alpha over a fixed schedule of
-looks, up to `max_repeats` pairs or `budget_s` seconds. The first look comes at the fewest pairs that can
-decide anything with its part of alpha, not at --until-decided's 8: a search measures many commits, and a
-slowdown worth bisecting is usually large against the noise. `regressed` makes the commit bad; `unchanged` or
-`improved` makes it good, and so does an interval wholly above -threshold (shown not slower by the threshold:
-the question is one-sided, and an interval still wide on the side of speed-ups answers it). A verdict still
-inconclusive at the limit, or a commit whose trainer fails, is skipped, as `git bisect skip` does, and the next
-probe is the untried commit nearest the middle of what is left.
+for the whole search, in pairs of processes with the machinery of `rlperf bench --against --until-decided`
+(benches/against.py): pairs are added until a one-sided sequential design (reports/sequential.py) decides, up
+to `max_repeats` pairs or `budget_s` seconds. The question is one-sided, "is this commit slower?", so all of
+alpha goes to it and the first look comes sooner. `regressed` makes the commit bad; `not slower` (shown not
+slower than GOOD by the threshold, however fast it may be) makes it good. A verdict still inconclusive at the
+limit, or a commit whose trainer fails, is skipped, as `git bisect skip` does, and the next probe is the untried
+commit nearest the middle of what is left.
 
 BAD is measured first: if it is not shown slower than GOOD there is nothing to look for. Its slowdown also sets
 the threshold for the other commits (unless one is given): a commit is good only when it is shown not slower by
@@ -44,10 +42,11 @@ from typing import Any
 from rich.console import Console
 
 from benches import suite as suites
-from benches.against import Pairing, earliest_look, git, look_alphas, resolve_commit, worktree
+from benches.against import Pairing, git, resolve_commit, worktree
 from benches.cli import device_choice, raise_interrupt
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.sequential import Design, pairing_entry
 from reports.verdicts import PointVerdict
 from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
                               positive_int)
@@ -226,17 +225,20 @@ def change_text(step: Step) -> str:
     return f"{step.estimate:+.1%} [{low_text}, {high_text}]"
 
 
-def outcome_of(verdict: PointVerdict, threshold: float) -> str:
-    """Bad, good or skip, from a commit's verdict against GOOD. Beyond `unchanged` and `improved`, a verdict
-    whose interval lies wholly above -threshold is good: the commit is shown not to be slower by the threshold,
-    which is all a search asks, however wide the interval is on the side of speed-ups."""
+def outcome_of(verdict: PointVerdict) -> str:
+    """Bad, good or skip, from a commit's verdict against GOOD by a one-sided design: regressed is bad; not
+    slower (or unchanged) is good, the commit shown not slower than GOOD by the threshold, which is all a search
+    asks; anything else is skipped."""
     if verdict.status == "regressed":
         return BAD
-    if verdict.status in ("unchanged", "improved"):
-        return GOOD
-    if verdict.status == "inconclusive" and verdict.sps is not None and verdict.sps.low > -threshold:
+    if verdict.status in ("not slower", "unchanged"):
         return GOOD
     return SKIP
+
+
+def step_design(max_repeats: int, alpha: float, threshold: float) -> Design:
+    """One commit's pairs against GOOD: one-sided (is it slower?), alpha over every look of that commit."""
+    return Design.plan(max_repeats, alpha, sides=1, threshold=threshold)
 
 
 def midpoint_threshold(estimate: float) -> float:
@@ -401,7 +403,7 @@ class Measure:
         records = {side: PointRecord(self.point.key, self.point.config, "ok", utc_now(), 0.0)
                    for side in ("ref", "new")}
         with worktree(commit.sha) as tree:
-            result.good_run, result.run = self.start_runs(number, commit)
+            result.good_run, result.run = self.start_runs(number, commit, threshold)
             try:
                 verdict = self.pairs(commit, tree, result, records, threshold)
             except KeyboardInterrupt:
@@ -421,21 +423,25 @@ class Measure:
         if records["ref"].status != "ok":
             result.outcome = GOOD_FAILS
         else:
-            result.outcome = outcome_of(verdict, threshold)
+            result.outcome = outcome_of(verdict)
         return result
 
-    def start_runs(self, number: int, commit: Commit) -> tuple[str, str]:
-        """GOOD's run and the commit's, for this step; the commit's fingerprint names GOOD's run."""
+    def start_runs(self, number: int, commit: Commit, threshold: float) -> tuple[str, str]:
+        """GOOD's run and the commit's, for this step; the commit's fingerprint names GOOD's run and the
+        design that judged the step."""
         search = {"good": self.good.sha, "bad": self.bad.sha, "step": number}
+        design = step_design(self.bisect.options.max_repeats, self.bisect.options.alpha, threshold)
         label = f"bisect {self.good.short}..{self.bad.short} step {number}"
         good_run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
             {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.options.good},
-             "bisect": {**search, "side": "good"}}, self.machine_key, f"{label}: good {self.good.short}")
+             "bisect": {**search, "side": "good"}, **pairing_entry("ref", None, design)}, self.machine_key,
+            f"{label}: good {self.good.short}")
         run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
             {**self.fingerprint, "git": {"commit": commit.sha, "dirty": False},
-             "bisect": {**search, "side": "probe", "good_run": good_run}}, self.machine_key, f"{label}: {commit}")
+             "bisect": {**search, "side": "probe", "good_run": good_run}, **pairing_entry("new", good_run, design)},
+            self.machine_key, f"{label}: {commit}")
         return good_run, run
 
     def pairs(self, commit: Commit, tree: Path, result: Step, records: dict[str, PointRecord],
@@ -447,11 +453,9 @@ class Measure:
                                       trainer_command, cwd=self.good_tree),
                    "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
                                       trainer_command, cwd=tree)}
-        pairing = Pairing(runners, threshold, self.bisect.say, names={"ref": "good", "new": commit.short},
-                          decided=lambda verdict: outcome_of(verdict, threshold) != SKIP)
+        pairing = Pairing(runners, step_design(opts.max_repeats, opts.alpha, threshold), self.bisect.say,
+                          names={"ref": "good", "new": commit.short})
         return pairing.measure(self.index, self.point, records, self.machine.gpu_uuids(self.point.config),
-                               opts.max_repeats, look_alphas(opts.max_repeats, opts.alpha,
-                                                             earliest_look(opts.max_repeats, opts.alpha)),
                                time.monotonic() + opts.budget_s)
 
 

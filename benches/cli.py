@@ -59,13 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "alternating processes, and judge the working tree against REF (default: no comparison)")
     parser.add_argument("--until-decided", action="store_true",
                         help="with --against: add pairs of processes to each point until its verdict is decided, "
-                             "spending alpha over the looks (default: the suite's repeats, judged once)")
+                             "spending alpha over the looks (default: the suite's repeats in pairs, judged once)")
     parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
                         help=f"with --until-decided: at most N pairs per point (default {DEFAULT_MAX_REPEATS})")
     parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False),
                         default=DEFAULT_BUDGET_S, metavar="S",
-                        help=f"with --until-decided: seconds for the whole comparison, shared equally among the "
-                             f"points still to measure (default {DEFAULT_BUDGET_S:g})")
+                        help=f"with --until-decided: seconds each point may take before its pairs so far are judged "
+                             f"one last time (default {DEFAULT_BUDGET_S:g})")
     parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
                         help=f"smallest relative change of SPS that counts, as a fraction (default {DEFAULT_THRESHOLD})")
     parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,

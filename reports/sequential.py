@@ -155,19 +155,24 @@ def _level(design: Design, counts: tuple[int, ...], final: bool, size_bytes: byt
 
 
 def sign_patterns(sizes: np.ndarray) -> np.ndarray:
-    """Every sign pattern of these pairs (True: the new side slower) up to ENUMERATED_PAIRS, else SIGN_DRAWS
+    """Every sign pattern of these pairs (1: the new side slower) up to ENUMERATED_PAIRS, else SIGN_DRAWS
     drawn with a seed taken from the sizes, so the same pairs always get the same patterns."""
     n = len(sizes)
     if n <= ENUMERATED_PAIRS:
-        return ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1).astype(bool)
+        return _every_pattern(n)
     rng = np.random.default_rng(np.frombuffer(np.ascontiguousarray(sizes, float).tobytes(), np.uint32))
-    return rng.random((SIGN_DRAWS, n)) < 0.5
+    return rng.integers(0, 2, (SIGN_DRAWS, n), dtype=np.int8)
+
+
+@lru_cache(maxsize=ENUMERATED_PAIRS + 1)
+def _every_pattern(n: int) -> np.ndarray:
+    return ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1).astype(np.int8)
 
 
 def _pattern_p(signs: np.ndarray, sizes: np.ndarray, sides: int) -> np.ndarray:
     """Each pattern's smallest one-sided exact p (of the sides a claim may take)."""
     n = len(sizes)
-    ranks = np.argsort(np.argsort(sizes)) + 1
+    ranks = (np.argsort(np.argsort(sizes)) + 1).astype(np.int32)
     slower = signs @ ranks
     tail = signed_rank_upper_tail(n)
     p = tail[slower]
@@ -283,7 +288,8 @@ def decide(design: Design, log_ratios: np.ndarray, ended: bool = False, estimate
         if scheduled[-1] == design.max_pairs:
             return inconclusive(design, d, scheduled, levels, estimate)
     if not ended:
-        return Decision("running", False, n, n, *(math.nan,) * 3, 1 - 2 * design.side_alpha, math.nan, math.nan,
+        naive = math.expm1(hodges_lehmann(d)) if n else math.nan
+        return Decision("running", False, n, n, naive, -1.0, math.inf, 1 - 2 * design.side_alpha, naive, math.nan,
                         math.nan, pair_spread(d))
     if n == 0:
         return Decision(INCONCLUSIVE, True, 0, 0, math.nan, -1.0, math.inf, 1 - 2 * design.side_alpha, math.nan,
@@ -432,7 +438,7 @@ def inconclusive_reason(design: Design, part: np.ndarray, spread: float) -> str:
 def pairs_to_decide(spread: float, log_change: float, design: Design, power: float = 0.8) -> int | None:
     """Pairs at which a point with this change and spread would likely (`power`) be decided, counting the
     signed-rank test's efficiency: claimed when beyond the threshold, shown not slower when inside it."""
-    if not math.isfinite(spread) or spread <= 0:
+    if not (math.isfinite(spread) and spread > 0 and math.isfinite(log_change)):
         return None
     down = math.log1p(-design.threshold)
     distance = abs(log_change) if log_change < down else log_change - down
@@ -441,3 +447,74 @@ def pairs_to_decide(spread: float, log_change: float, design: Design, power: flo
     level = design.side_alpha if log_change < down else FUTILITY_ALPHA
     z = stats.norm.isf(level) + stats.norm.isf(1 - power)
     return max(design.looks[0], math.ceil((math.pi / 3) * (z * spread / distance) ** 2))
+
+
+# ---- what a design can detect -----------------------------------------------------------------------------------
+
+DETECTION_POWER = 0.95
+DETECTION_DRAWS = 1000
+
+
+def detectable(design: Design, spread: float, power: float = DETECTION_POWER) -> float:
+    """The smallest slowdown (a positive fraction) this design claims with `power` by its last look, when the
+    pairs' log ratios spread by `spread` (normal noise); inf when no slowdown short of 99% is claimed that
+    often."""
+    if not math.isfinite(spread) or spread <= 0:
+        return math.inf
+    return smallest_with_power(lambda slowdown: claim_power(design, round(spread, 4), slowdown), power)
+
+
+def smallest_with_power(power_at, power: float) -> float:
+    """The smallest slowdown in (0, 0.99] at which `power_at` (rising with the slowdown) reaches `power`, to
+    0.2%; inf when even 0.99 falls short."""
+    if power_at(0.99) < power:
+        return math.inf
+    low, high = 0.0, 0.99
+    while high - low > 0.002:
+        middle = (low + high) / 2
+        low, high = (low, middle) if power_at(middle) >= power else (middle, high)
+    return high
+
+
+@lru_cache(maxsize=65536)
+def claim_power(design: Design, spread: float, slowdown: float) -> float:
+    """The chance this design claims a point slower by `slowdown` at some look, its pairs' log ratios spreading
+    by `spread` (normal noise): simulated through the design's own looks, each look's exact p against the levels
+    the design sets for typical pair sizes, and the threshold (the pairs' median standing in for the
+    Hodges-Lehmann estimate)."""
+    noise, levels = _power_draws(design, spread)
+    pairs = math.log1p(-slowdown) + noise
+    down = math.log1p(-design.threshold)
+    hit = np.zeros(DETECTION_DRAWS, bool)
+    for count, level in zip(design.looks, levels):
+        block = pairs[:, :count]
+        hit |= (_row_signed_rank_p(-block) <= level) & (np.median(block, axis=1) < down)
+    return float(hit.mean())
+
+
+@lru_cache(maxsize=256)
+def _power_draws(design: Design, spread: float) -> tuple[np.ndarray, list[float]]:
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((DETECTION_DRAWS, design.max_pairs)) * spread
+    # levels depend on the sizes' ranks alone, so the same typical sizes serve every spread (and the cache)
+    typical = np.abs(stats.norm.ppf((np.arange(design.max_pairs) + 0.5) / design.max_pairs))
+    return noise, look_levels(design, np.random.default_rng(0).permutation(typical), design.looks, final=True)
+
+
+# ---- the design stored with paired runs --------------------------------------------------------------------------
+
+PAIRING = "pairing"
+
+
+def pairing_entry(side: str, partner: str | None, design: Design) -> dict:
+    """The fingerprint entry of a run measured in pairs: its side ("ref" or "new"), the run it was paired with
+    (named by the new side's run, which is created second), and the design that judges the pairs."""
+    return {PAIRING: {"side": side, "partner": partner, "design": design.to_dict()}}
+
+
+def paired_design(fingerprint: dict, baseline_run: str) -> Design | None:
+    """The design to judge a run by when its baseline is the run it was paired with; None otherwise."""
+    entry = fingerprint.get(PAIRING) or {}
+    if entry.get("side") != "new" or entry.get("partner") != baseline_run:
+        return None
+    return Design.from_dict(entry["design"])

@@ -19,6 +19,13 @@ job's reader must be able to count on.
 Points that cannot be compared are `new`, `missing` or `failed`. Repeats whose machine was contended
 (profilers/interference.py) are left out before anything is computed.
 
+Runs measured in pairs (`rlperf bench --against`, bisect, the gate) are judged as pairs instead, by the design
+stored with them (reports/sequential.py): the exact signed-rank test of each pair's log ratio, looks that spend
+alpha, and a futility stop that can end a point as `not slower`; a pair is left out whole when either of its
+processes was contended. That rule holds its false-claim rate whatever the machine does between nights, because
+both sides of every pair met the same machine; the rule above, for runs of different nights, assumes the two
+runs differ by nothing but the code.
+
 Many points, one night: a regressed or improved claim must also pass the Benjamini-Hochberg procedure over the
 p-values of every compared point (scipy.stats.false_discovery_control), which keeps the expected share of
 false claims among a run's claims at alpha (and the chance of any false claim at alpha when nothing changed);
@@ -39,7 +46,7 @@ import pandas as pd
 from scipy import stats
 
 from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
-from reports import intervals
+from reports import intervals, sequential
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.store import point_label
 
@@ -47,8 +54,9 @@ from rlperf.store import point_label
 # phase that costs 0.1% of the step explains nothing.
 MIN_PHASE_GROWTH_SHARE = 0.02
 DEFAULT_CONFIG = TrainConfig().to_dict()
-OUTCOMES = ("regressed", "improved", "unchanged", "inconclusive")
-STATUSES = OUTCOMES + ("new", "missing", "failed")
+OUTCOMES = ("regressed", "improved", "unchanged", "not slower", "inconclusive")
+# a gate's verdicts (reports/gate.py) speak of points passed, not confirmed, not measured or skipped
+STATUSES = OUTCOMES + ("passed", "not confirmed", "could not measure", "skipped", "new", "missing", "failed")
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class PointVerdict:
     contended: tuple[int, int] = (0, 0)  # repeats left out: baseline, candidate
     detectable: float = math.inf  # the smallest slowdown these repeats would catch (DETECTION_POWER)
     repeats_needed: int | None = None  # a side, for an inconclusive verdict
+    decision: sequential.Decision | None = None  # pairs judged by a stored design: the decision behind the verdict
 
 
 def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> str:
@@ -107,14 +116,16 @@ def quiet(samples: pd.DataFrame) -> pd.DataFrame:
     return samples[~samples["summary"].map(is_contended)]
 
 
-def detectable_alone(samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
-                     alpha: float = DEFAULT_ALPHA) -> tuple[int, float]:
+def detectable_alone(samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+                     family: int = 1) -> tuple[int, float]:
     """(contended repeats, the smallest slowdown this point's quiet repeats would catch against as many
-    repeats of a baseline as noisy): what a point can tell before it is compared with anything."""
+    repeats of a baseline as noisy, when it is one of `family` points judged together): what a point can tell
+    before it is compared with anything. A lone regression among them must clear Benjamini-Hochberg's first
+    step, alpha / family."""
     calm = quiet(samples)
     n = len(calm)
     spread = intervals.log_spread(calm["sps"].to_numpy(float)) if n > 1 else math.nan
-    return len(samples) - n, intervals.minimum_detectable_change(spread, n, n, threshold, alpha)
+    return len(samples) - n, intervals.detectable_change(spread, n, n, threshold, alpha / max(1, family))
 
 
 def phase_per_step(samples: pd.DataFrame, phase: str) -> np.ndarray:
@@ -153,7 +164,7 @@ def judge_point(candidate: pd.DataFrame, baseline: pd.DataFrame, threshold: floa
         return verdict
     sps = compare_values(base["sps"].to_numpy(float), cand["sps"].to_numpy(float), True, threshold, alpha)
     verdict.sps = sps
-    verdict.detectable = intervals.minimum_detectable_change(sps.spread, len(base), len(cand), threshold, alpha)
+    verdict.detectable = intervals.detectable_change(sps.spread, len(base), len(cand), threshold, alpha)
     verdict.status = {"down": "regressed", "up": "improved", "same": "unchanged"}.get(sps.decision, "inconclusive")
     if verdict.status == "inconclusive":
         if min(len(base), len(cand)) < fewest:
@@ -217,6 +228,24 @@ def judge(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, basel
           alpha: float = DEFAULT_ALPHA) -> list[PointVerdict]:
     """One verdict per point of either run, matched by configuration, in the candidate's order; claims are
     then weighed together across points (Benjamini-Hochberg)."""
+    verdicts = match_points(candidate_points, candidate_samples, baseline_points, baseline_samples,
+                            lambda cand, base: judge_point(cand, base, threshold, alpha))
+    weigh_claims(verdicts, alpha, threshold)
+    return verdicts
+
+
+def judge_pairs(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, baseline_points: pd.DataFrame,
+                baseline_samples: pd.DataFrame, design: sequential.Design) -> list[PointVerdict]:
+    """One verdict per point of two runs measured in pairs, by their stored design: its alpha is already each
+    point's share of the run's, so claims need no weighing together afterwards."""
+    return match_points(candidate_points, candidate_samples, baseline_points, baseline_samples,
+                        lambda cand, base: judge_pair_point(cand, base, design, ended=True))
+
+
+def match_points(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, baseline_points: pd.DataFrame,
+                 baseline_samples: pd.DataFrame, judge_one) -> list[PointVerdict]:
+    """Points of either run matched by configuration, in the candidate's order: `missing`, `failed` or `new`
+    where they cannot be compared, else `judge_one(candidate rows, baseline rows)`."""
     candidates = _by_match_key(candidate_points)
     baselines = _by_match_key(baseline_points)
     verdicts = []
@@ -238,18 +267,81 @@ def judge(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, basel
             reason = "not in the baseline" if base is None else f"baseline point {base['status']}"
             verdicts.append(PointVerdict(key, label, "new", reason))
             continue
-        verdict = judge_point(cand_rows, base_rows, threshold, alpha)
+        verdict = judge_one(cand_rows, base_rows)
         verdict.match_key, verdict.point = key, label
         verdicts.append(verdict)
-    weigh_claims(verdicts, alpha)
     return verdicts
 
 
-def weigh_claims(verdicts: list[PointVerdict], alpha: float) -> None:
-    """Demotes the regressed/improved claims that do not survive Benjamini-Hochberg over every compared point."""
+# ---- pairs ---------------------------------------------------------------------------------------------------
+
+def pairs_of(candidate: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
+    """The pairs of two sides' samples, in the order measured (a pair is the repeat index both share): ref and
+    new SPS, and whether each process was contended."""
+    ref = {repeat: (sps, is_contended(summary))
+           for repeat, sps, summary in zip(baseline["repeat"], baseline["sps"], baseline["summary"])}
+    rows = sorted((repeat, ref[repeat][0], sps, ref[repeat][1], is_contended(summary))
+                  for repeat, sps, summary in zip(candidate["repeat"], candidate["sps"], candidate["summary"])
+                  if repeat in ref)
+    return pd.DataFrame(rows, columns=["repeat", "sps_ref", "sps_new", "contended_ref", "contended_new"])
+
+
+def contention_note(pairs: pd.DataFrame) -> str:
+    """Which side contention fell on, when it fell: pairs with one side contended are discordant, and an exact
+    binomial (McNemar) test says whether one side drew more of them than chance allows at 5%. A change that
+    itself loads the machine (more threads, a busy helper) would show up this way."""
+    ref_only = int((pairs["contended_ref"] & ~pairs["contended_new"]).sum())
+    new_only = int((pairs["contended_new"] & ~pairs["contended_ref"]).sum())
+    both = int((pairs["contended_ref"] & pairs["contended_new"]).sum())
+    if not ref_only + new_only + both:
+        return ""
+    text = f"left out {ref_only + new_only + both} contended pairs (baseline side {ref_only + both}, this run's " \
+           f"{new_only + both})"
+    if ref_only + new_only and stats.binomtest(new_only, ref_only + new_only).pvalue < 0.05:
+        busier = "this run's" if new_only > ref_only else "the baseline's"
+        text += f"; {busier} side was contended more often than chance allows: the change may load the machine"
+    return text
+
+
+def judge_pair_point(candidate: pd.DataFrame, baseline: pd.DataFrame, design: sequential.Design,
+                     ended: bool) -> PointVerdict:
+    """The verdict on one point's pairs by `design`; `ended` when no more pairs will come."""
+    pairs = pairs_of(candidate, baseline)
+    quiet_pairs = pairs[~pairs["contended_ref"] & ~pairs["contended_new"]]
+    ref, new = quiet_pairs["sps_ref"].to_numpy(float), quiet_pairs["sps_new"].to_numpy(float)
+    decision = sequential.decide(design, np.log(new) - np.log(ref), ended=ended)
+    status = "inconclusive" if decision.status == "running" else decision.status
+    verdict = PointVerdict("", "", status, decision=decision,
+                           contended=(int(pairs["contended_ref"].sum()), int(pairs["contended_new"].sum())))
+    notes = [contention_note(pairs)]
+    if len(ref):
+        kind = {"regressed": "down", "improved": "up", "unchanged": "same", "not slower": "same"}
+        verdict.sps = Change(float(np.median(ref)), float(np.median(new)), decision.estimate, decision.low,
+                             decision.high, decision.confidence, decision.p_value, kind.get(status, "undecided"),
+                             decision.estimate < 0, len(ref), len(new), decision.spread)
+    if len(ref) and decision.stopped:  # what a finished point could detect, and which phases moved
+        verdict.detectable = sequential.detectable(design, decision.spread)
+        cand_quiet = candidate[candidate["repeat"].isin(quiet_pairs["repeat"])]
+        base_quiet = baseline[baseline["repeat"].isin(quiet_pairs["repeat"])]
+        verdict.phases_grew, verdict.phases_shrank = phase_changes(cand_quiet, base_quiet, verdict.sps,
+                                                                   design.threshold, design.alpha)
+        if decision.stopped and status != "inconclusive":
+            notes.insert(0, f"decided after {decision.look} quiet pairs (estimate corrected for stopping there; "
+                            f"plain {decision.naive:+.1%})")
+    notes.insert(0, decision.reason)
+    verdict.reason = "; ".join(note for note in notes if note)
+    return verdict
+
+
+def weigh_claims(verdicts: list[PointVerdict], alpha: float, threshold: float = DEFAULT_THRESHOLD) -> None:
+    """Demotes the regressed/improved claims that do not survive Benjamini-Hochberg over every compared point,
+    and says what each point can detect at the level a lone regression among them must reach."""
     compared = [v for v in verdicts if v.sps is not None]
     if len(compared) < 2:
         return
+    for verdict in compared:
+        verdict.detectable = intervals.detectable_change(verdict.sps.spread, verdict.sps.n_baseline,
+                                                         verdict.sps.n_candidate, threshold, alpha / len(compared))
     adjusted = stats.false_discovery_control([v.sps.p_value for v in compared], method="bh")
     for verdict, p in zip(compared, adjusted):
         if verdict.status in ("regressed", "improved") and p > alpha:

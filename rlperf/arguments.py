@@ -10,9 +10,9 @@ from collections.abc import Callable
 # (each NVML PCIe reading blocks 20 ms) and floods the store.
 MAX_TIMEOUT_S = 86400.0
 MAX_SAMPLE_HZ = 100.0
-# --until-decided: at most this many pairs of processes per point, within this many seconds in all. On two
-# cores a small point's processes' SPS vary by about 12%, and a 10% slowdown was decided after 24 pairs
-# (resampled: median 24, 90th percentile 34), about 14 s a pair.
+# --until-decided and bisect: at most this many pairs of processes per point, within this many seconds each.
+# On two cores a small point's processes' SPS vary by about 12% and a pair takes about 14 s: 600 s reaches the
+# design's last looks for such a point.
 DEFAULT_MAX_REPEATS = 40
 DEFAULT_BUDGET_S = 600.0
 

@@ -5,20 +5,16 @@ learn step and another cannot run at all."""
 import itertools
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
+import numpy as np
 import pytest
+from projectrepo import commit, git, note, project_repo, rlperf
 
-from benches.against import earliest_look, look_alphas
-from benches.bisect import BAD, GOOD, SKIP, Search, midpoint_threshold, outcome_of
-from reports.intervals import smallest_two_sided_p
+from benches.bisect import BAD, GOOD, SKIP, Search, midpoint_threshold, outcome_of, step_design
+from reports.sequential import decide
 from reports.verdicts import Change, PointVerdict
-from rlperf.machine import REPO_ROOT
 from rlperf.store import Store
 
 # ---- the search over a fake oracle ----------------------------------------------------------------------------
@@ -82,33 +78,32 @@ def verdict(status: str, low: float, estimate: float, high: float) -> PointVerdi
 
 
 def test_a_commit_is_good_once_shown_not_slower_by_the_threshold():
-    assert outcome_of(verdict("regressed", -0.9, -0.8, -0.7), 0.5) == BAD
-    assert outcome_of(verdict("unchanged", -0.1, 0.0, 0.1), 0.5) == GOOD
-    assert outcome_of(verdict("improved", 0.6, 0.8, 1.0), 0.5) == GOOD
+    assert outcome_of(verdict("regressed", -0.9, -0.8, -0.7)) == BAD
+    assert outcome_of(verdict("unchanged", -0.1, 0.0, 0.1)) == GOOD
     # wide on the side of speed-ups, but shown not slower by the threshold: all a search asks
-    assert outcome_of(verdict("inconclusive", -0.3, 0.1, 0.9), 0.5) == GOOD
+    assert outcome_of(verdict("not slower", -0.3, 0.1, 0.9)) == GOOD
     # could be slower by the threshold: undecided, skipped once the pairs run out
-    assert outcome_of(verdict("inconclusive", -0.6, -0.1, 0.3), 0.5) == SKIP
-    assert outcome_of(PointVerdict("", "point", "failed", "exit code 1"), 0.5) == SKIP
+    assert outcome_of(verdict("inconclusive", -0.6, -0.1, 0.3)) == SKIP
+    assert outcome_of(PointVerdict("", "point", "failed", "exit code 1")) == SKIP
     # halfway from GOOD to BAD as a ratio: BAD four times slower puts it at half GOOD's speed
     assert midpoint_threshold(-0.75) == pytest.approx(0.5)
     assert midpoint_threshold(-0.06) == pytest.approx(0.05)  # never below the default threshold
 
 
-def test_the_first_look_comes_at_the_fewest_pairs_that_can_decide():
-    for max_repeats, alpha, first in ((6, 0.05, 4), (4, 0.05, 4), (40, 0.01, 7), (5, 0.01, 5), (3, 0.01, 3)):
-        assert earliest_look(max_repeats, alpha) == first
-        spend = look_alphas(max_repeats, alpha, first)
-        assert min(spend) == first and sum(spend.values()) == pytest.approx(alpha)
-        if first < max_repeats:
-            # completely separated sides clear that look's part of alpha; one pair fewer could not
-            assert smallest_two_sided_p(first, first) <= spend[first]
-            assert smallest_two_sided_p(first - 1, first - 1) > alpha * (first - 1) / max_repeats
+def test_a_step_asks_one_sided_and_its_first_look_can_decide():
+    for max_repeats, alpha in ((6, 0.05), (40, 0.01), (12, 0.01)):
+        design = step_design(max_repeats, alpha, threshold=0.2)
+        assert design.sides == 1 and design.side_alpha == alpha
+        first = design.looks[0]
+        pairs = -np.linspace(0.5, 0.6, first)  # every pair far slower: complete separation
+        assert decide(design, pairs, estimate=False).status == "regressed"
+        assert decide(design, -np.abs(pairs), estimate=False).look == first
+        # the same pairs the other way round are good at once: not slower, however much faster
+        assert decide(design, -pairs, estimate=False).status == "not slower"
 
 
 # ---- a small git repository holding the project -----------------------------------------------------------------
 
-PACKAGES = ("benches", "profilers", "reference_trainer", "reports", "rlperf")
 # 16 epochs of 128 agent steps: a process spends about 3 s starting and well under one training
 TINY_POINT = """
 description = "one tiny point"
@@ -132,49 +127,6 @@ hidden_size = [32, 48]
 # A learn step of 16 sequences of 8 steps takes a few milliseconds here; 30 ms per call, four calls an epoch,
 # is several epochs' length: the slowed commit runs several times slower, decisive at the fewest pairs.
 SLOWDOWN = '__import__("time").sleep(0.03)  # each learn step waits'
-GIT_ENV = {"GIT_AUTHOR_NAME": "rlperf test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-           "GIT_COMMITTER_NAME": "rlperf test", "GIT_COMMITTER_EMAIL": "test@example.invalid"}
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
-                          env={**os.environ, **GIT_ENV}).stdout.strip()
-
-
-def commit(repo: Path, subject: str) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", subject)
-    return git(repo, "rev-parse", "HEAD")
-
-
-def note(repo: Path, line: str) -> None:
-    with open(repo / "NOTES.md", "a") as notes:
-        notes.write(line + "\n")
-
-
-def project_repo(root: Path) -> Path:
-    """A git repository holding this project's packages as they are in the working tree, in one commit."""
-    repo = root / "project"
-    for package in PACKAGES:
-        shutil.copytree(REPO_ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
-    # Verdicts leave out repeats run on a busy machine, and a shared test machine is busy: that rule is tested
-    # with the verdicts. In this history every repeat counts as quiet, so each step depends on the speeds.
-    with open(repo / "profilers" / "interference.py", "a") as monitor:
-        monitor.write("\n\ndef contention(account):\n    return []\n")
-    (repo / ".gitignore").write_text("__pycache__/\n")
-    git(repo, "init", "-q", "-b", "main")
-    note(repo, "# notes")
-    commit(repo, "Add the trainer")
-    return repo
-
-
-def rlperf(repo: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m rlperf` run from `repo`, so the repository searched and the code that searches it are the copy."""
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "rlperf", *args], cwd=repo, capture_output=True, text=True,
-                          timeout=timeout, env={**env, "RLPERF_LOCK": str(repo.parent / "bench.lock")})
-
-
 def one_line_error(done: subprocess.CompletedProcess, field: str) -> str:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -260,8 +212,8 @@ def test_bisect_names_the_commit_that_slowed_the_learn_step(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY_POINT)
 
     # Paths relative to the repository: each checkout's trainer runs in its own directory and must still find
-    # them. At 95% the first look, at 4 pairs, decides when no repeat was contended; the second, at 6, leaves
-    # room for repeats that other processes on the machine disturbed, which verdicts leave out.
+    # them. At 95%, one-sided, the first look, at 5 pairs, decides when no pair was contended; the second, at 6,
+    # leaves room for a pair that other processes on the machine disturbed, which verdicts leave out.
     done = rlperf(repo, "bisect", good[:10], "main", "--suite", str(tmp_path / "tiny.toml"), "--max-repeats", "6",
                   "--alpha", "0.05", "--out", "../out", "--json", "../search.json", timeout=580)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -284,7 +236,7 @@ def test_bisect_names_the_commit_that_slowed_the_learn_step(tmp_path):
     for step in steps:
         assert step["seconds"] > 0 and step["good_run"] and step["run"]
         if step["outcome"] in ("good", "bad"):
-            assert step["pairs"] in (4, 6) and step["interval"][0] <= step["estimate"] <= step["interval"][1]
+            assert step["pairs"] in (5, 6) and step["interval"][0] <= step["estimate"] <= step["interval"][1]
 
     # every measured commit is a run that names its commit and the GOOD run it was measured against
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:

@@ -1,0 +1,110 @@
+"""A machine whose trainer processes are drawn, not run: the error rates of the gate, `--until-decided` and
+bisect are measured by driving their own code (benches/against.py's pairs, benches/gate.py's stages) with
+runners that answer like `PointRunner` with steady SPS drawn from a model of the noise measured here.
+
+The model, on the log scale of SPS, for each process:
+- the point's own level, times the slowdown its side's code has there;
+- the night's offset (clocks, thermals, a driver, a neighbour: every point of the night), and the point's own
+  offset that night (a compile cache, a memory layout), both drawn once per night;
+- the process's luck: Student-t (heavy tails) scaled to `process` SD, and correlated with the process before
+  it (`drift`: consecutive processes on this machine correlate about 0.6 at one thread);
+- now and then a neighbour (`contended` of processes), slowing it 1.3 to 3 times; the interference monitor
+  flags most of these, and misses `unflagged` of them, which then count as quiet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benches.suite import Point
+from rlperf.store import PointRecord
+
+STEADY_STEPS = 10_000
+# shares of a step each phase takes in the drawn summaries; only their sum (the step) matters to SPS
+PHASE_SHARES = {"env": 0.1, "eval_forward": 0.4, "train_forward": 0.2, "learn": 0.3}
+
+
+@dataclass(frozen=True)
+class Noise:
+    process: float  # log SD of one process's steady SPS
+    drift: float = 0.0  # correlation of one process's luck with the one before it
+    tail_df: float | None = 4.0  # Student-t degrees of freedom of the luck; None for normal
+    night: float = 0.0  # log SD of a night's offset, shared by every point
+    point_night: float = 0.0  # log SD of one point's offset on one night
+    contended: float = 0.0  # share of processes that meet a neighbour
+    unflagged: float = 0.2  # share of those the interference monitor misses
+
+
+# The noise this machine showed (README, "Measured here") and the noise of a GPU runner the issue describes.
+GPU_RUNNER = Noise(process=0.02, drift=0.3, night=0.03, point_night=0.01, contended=0.01)
+
+
+@dataclass
+class SimulatedMachine:
+    """One machine over one night: `slowdowns` maps (side, point key) to the fraction of SPS that side's code
+    loses at that point. Processes are drawn in the order they are run, across every runner of the night."""
+
+    noise: Noise
+    rng: np.random.Generator
+    slowdowns: dict[tuple[str, str], float] = field(default_factory=dict)
+    base_sps: float = 10_000.0
+    luck: float = 0.0
+    night_offset: float = 0.0
+    point_offsets: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.new_night()
+
+    def new_night(self) -> None:
+        self.night_offset = self.rng.normal(0, self.noise.night)
+        self.point_offsets = {}
+
+    def runner(self, side: str, run_dir: Path) -> "SimulatedRunner":
+        return SimulatedRunner(self, side, run_dir)
+
+    def draw(self, side: str, point: Point) -> tuple[float, bool]:
+        """One process's steady SPS, and whether the monitor flagged it contended."""
+        noise = self.noise
+        if point.key not in self.point_offsets:
+            self.point_offsets[point.key] = self.rng.normal(0, noise.point_night)
+        shock = self.rng.standard_t(noise.tail_df) * math.sqrt((noise.tail_df - 2) / noise.tail_df) \
+            if noise.tail_df else self.rng.normal()
+        self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * shock
+        level = math.log(self.base_sps) + _point_level(point.key) + self.night_offset + self.point_offsets[point.key]
+        log_sps = level + math.log1p(-self.slowdowns.get((side, point.key), 0.0)) + noise.process * self.luck
+        contended = self.rng.random() < noise.contended
+        if contended:
+            log_sps -= math.log(self.rng.uniform(1.3, 3.0))
+        return math.exp(log_sps), contended and self.rng.random() >= noise.unflagged
+
+
+def _point_level(key: str) -> float:
+    """Points differ in SPS (a fixed spread of levels, by key)."""
+    digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return (digest / 0xFFFFFFFF - 0.5) * 2
+
+
+@dataclass
+class SimulatedRunner:
+    """Answers `run_repeat` like benches/runner.PointRunner, with a drawn summary."""
+
+    machine: SimulatedMachine
+    side: str
+    run_dir: Path
+
+    def point_dir(self, index: int, point: Point) -> Path:
+        return self.run_dir
+
+    def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
+                   record: PointRecord) -> tuple[str, str | None, dict]:
+        sps, flagged = self.machine.draw(self.side, point)
+        seconds = STEADY_STEPS / sps
+        summary = {"sps": sps, "steady_steps": STEADY_STEPS, "steady_seconds": seconds,
+                   "phases": {phase: share * seconds for phase, share in PHASE_SHARES.items()},
+                   "interference": {"contended": flagged, "why": "drawn" if flagged else ""}}
+        return "ok", None, summary
