@@ -10,32 +10,47 @@ Why written here rather than taken from a library: the three made for the job do
   28-41% of series of 5-30 runs.
 - ruptures searches for a segmentation under a penalty and gives no significance at all; with a BIC-like
   penalty it put a change point in 25-32% of the same noise series.
-All three also reduce a run to one number, while each of our runs holds several processes per point.
+All three search one number per run, as this method now does.
 
-The method. A point's series is its runs in start order, each run holding one value per quiet repeat
-(contended repeats are left out, as in verdicts). Within a stretch of runs, every split into runs before and
-runs after is scored by the Mann-Whitney rank-sum statistic of the repeats after against those before,
-standardized; the split with the largest |z| is the candidate. Its significance is a permutation test of that
-largest |z|: the repeats of the stretch are shuffled among its runs many times and the scan repeated, so the
-p-value allows for every split that could have been picked (no Bonferroni guess). Every series of a suite
-(each point's SPS and each phase) is tested once over all its runs; Benjamini-Hochberg over those p-values
-decides which series changed at all, and a series that did is split again on each side (binary
-segmentation) at the level the procedure accepted. As with verdicts, a change point must also be large: the
-Hodges-Lehmann shift between the levels either side must lie beyond the threshold.
+The method. The unit is the run. Processes of one run share that night's offset (clocks, thermals, a driver,
+a neighbour), so they are not exchangeable with processes of another night: shuffling repeats among runs made
+a night offset of 3% look like a change in over half of noise-only histories at 2% process noise. A point's
+series is therefore one value per run, the median of its quiet repeats' logs (SPS, or a phase's seconds per
+agent step; contended repeats are left out, as in verdicts), in start order. Every split into runs before and
+runs after is scored, and so is every stretch of runs against the runs outside it (a level that came and went;
+circular binary segmentation, Olshen et al. 2004), by the Mann-Whitney statistic of one side against the other,
+standardized; the stretch with the largest |z| is the candidate, and its significance is a permutation test that
+shuffles whole runs and repeats the scan, so it allows for every stretch that could have been picked.
 
-The unit is the process, as in verdicts: with no change, every repeat of a stretch is taken to be drawn
-alike, whatever run it came from. A whole run that was slower for a reason of its own (a busy night whose
-contention the monitor missed) can therefore read as a shift if it is the newest run, or as two shifts around
-it; the threshold keeps small drifts out.
+One error control for every split. Each series of a suite (each point's SPS and each phase) is scanned once
+over all its runs, and Benjamini-Hochberg over those p-values decides which series changed at all. In a series
+that did, every split reported, the first and those found by searching each side again, must clear the same
+critical value: the permutation quantile of the whole series' scan at the level Benjamini-Hochberg accepted.
+A stretch of fewer runs has fewer and shorter splits, so its own scan exceeds that value no more often than
+the whole series does: no split is tested at a looser level than the one accepted. As with verdicts, a change
+point must also be large: the Hodges-Lehmann shift between the runs on either side must lie beyond the
+threshold.
 
-Each change point carries its shift with the exact Mann-Whitney interval (reports/intervals.py) of the
-repeats between the neighbouring change points, and the phases whose time per step moved at the same run.
+The shift reported. Picking the split with the largest difference picks noise that helps it: a true -10%
+read -13%. The shift is corrected by the bias that picking causes, measured by drawing histories with the levels
+found and the runs' residuals resampled, and picking again. Its interval is the exact Mann-Whitney interval of
+the runs either side (reports/intervals.py), moved by the same correction; with runs as the unit it is as wide
+as the night offsets make it.
+
+What runs as the unit costs: a history needs enough runs either side of a change before a change can be told
+from the nights' offsets; with five runs no split reaches a p below about 0.2, however large the shift. A change
+point is confirmed by measuring the commits either side of it again in one job, in pairs (`rlperf confirm`,
+benches/confirm.py); the page says which were.
+
+Each change point also names the phases whose time per step moved at the same run, from their repeats
+(describing where the time went, not a claim of its own).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -54,8 +69,10 @@ SPS = "SPS"
 PERMUTATIONS = 9_999
 FIRST_PERMUTATIONS = 999
 CLEARLY_NOT = 0.1
+SHUFFLE_BATCH = 1_000  # shuffles scored at once (a batch of long histories holds millions of scores)
 # Fixed, so that the same store always gives the same report.
 SEED = 20_240_601
+SELECTION_DRAWS = 200  # histories drawn to measure how much picking the best split inflates its shift
 # The exact interval asks one test per gap between pairwise differences: past this many pairs (a stretch of
 # many runs or many repeats) it takes seconds, and the normal approximation to Mann-Whitney's distribution,
 # which is then as good as exact, takes over.
@@ -71,6 +88,12 @@ class Series:
     metric: str
     orders: list[int]
     values: list[np.ndarray]
+    key: str = ""  # the point's match key (reports/verdicts.py): the same point in every run
+
+    @property
+    def levels(self) -> np.ndarray:
+        """One value per run: the median of its repeats' logs."""
+        return np.array([float(np.median(np.log(v))) for v in self.values])
 
 
 @dataclass
@@ -82,16 +105,19 @@ class ChangePoint:
     order: int
     run_id: str
     commit: str
-    p_value: float  # the permutation p of the scan that found it, every candidate split allowed for
-    shift: intervals.Shift  # after against before, the repeats between the neighbouring change points
-    before: float  # medians of those repeats
+    p_value: float  # the permutation p of the whole series' scan, every candidate split allowed for
+    shift: intervals.Shift  # after against before, runs between the neighbouring change points, corrected
+    naive: float  # the shift before the correction for picking the split
+    before: float  # medians of those runs' values
     after: float
     runs_before: int
     runs_after: int
-    before_band: tuple[float, float]  # quartiles of those repeats, for the plots
+    before_band: tuple[float, float]  # quartiles of those runs' repeats, for the plots
     after_band: tuple[float, float]
     span: tuple[int, int]  # the first run before and the last run after
     phases_moved: list[tuple[str, intervals.Shift]] = field(default_factory=list)
+    confirmation: str = ""  # how re-measuring the commits either side in pairs ended, when it was done
+    key: str = ""  # the point's match key
 
     @property
     def worse(self) -> bool:
@@ -123,50 +149,91 @@ def point_series(runs: list[RunData]) -> dict[str, dict[str, Series]]:
             key = match_key(point.point_key, point.config)
             label = point_label(point.point_key)
             metrics = found.setdefault(key, {})
-            _append(metrics, label, SPS, order, samples["sps"].to_numpy(float))
+            _append(metrics, key, label, SPS, order, samples["sps"].to_numpy(float))
             for phase in PHASES:
                 per_step = phase_per_step(samples, phase)
-                _append(metrics, label, phase, order, per_step[per_step > 0])
+                _append(metrics, key, label, phase, order, per_step[per_step > 0])
     return found
 
 
-def _append(metrics: dict[str, Series], label: str, metric: str, order: int, values: np.ndarray) -> None:
+def _append(metrics: dict[str, Series], key: str, label: str, metric: str, order: int, values: np.ndarray) -> None:
     if len(values):
-        series = metrics.setdefault(metric, Series(label, metric, [], []))
+        series = metrics.setdefault(metric, Series(label, metric, [], [], key))
         series.orders.append(order)
         series.values.append(values)
 
 
-def scan(values: list[np.ndarray], rng: np.random.Generator) -> tuple[int, float]:
-    """The best split of these runs (the index of the first run after it) and its permutation p-value.
+def split_scores(levels: np.ndarray) -> np.ndarray:
+    """|z| of the Mann-Whitney statistic of the runs after each split against those before (index i: the
+    split before run i + 1), from the runs' ranks; a row of scores for each row of levels."""
+    ranks = stats.rankdata(levels, axis=-1)
+    runs = levels.shape[-1]
+    after = runs - np.arange(1, runs)
+    before = runs - after
+    expected = after * (runs + 1) / 2
+    deviation = np.sqrt(after * before * (runs + 1) / 12)
+    after_sums = ranks.sum(axis=-1, keepdims=True) - np.cumsum(ranks, axis=-1)[..., :-1]
+    return np.abs((after_sums - expected) / deviation)
 
-    The rank-sum of the repeats after each split, standardized, is compared with what the same scan gives
-    when the repeats are shuffled among the runs."""
-    counts = np.array([len(v) for v in values])
-    total = int(counts.sum())
-    if len(values) < 2 or total < 3:
-        return 1, 1.0
-    ranks = stats.rankdata(np.concatenate(values))
-    after = total - np.cumsum(counts)[:-1]  # repeats after each split
-    before = total - after
-    expected = after * (total + 1) / 2
-    deviation = np.sqrt(after * before * (total + 1) / 12)
 
-    def best(rank_rows: np.ndarray) -> np.ndarray:
-        before_sums = np.cumsum(rank_rows, axis=-1)[..., np.cumsum(counts)[:-1] - 1]
-        after_sums = rank_rows.sum(axis=-1, keepdims=True) - before_sums
-        return np.abs((after_sums - expected) / deviation)
+@lru_cache(maxsize=64)
+def intervals_of(runs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every stretch [a, b) of `runs` runs but the whole: the runs inside set against those outside."""
+    a, b = np.triu_indices(runs + 1, k=1)
+    keep = (b - a) < runs
+    return a[keep], b[keep]
 
-    observed = best(ranks)
-    exceed, done = 0, 0
-    for batch in (FIRST_PERMUTATIONS, PERMUTATIONS - FIRST_PERMUTATIONS):
-        shuffled = rng.permuted(np.broadcast_to(ranks, (batch, total)), axis=1)
-        # A tolerance, so that shuffles tying the observed statistic count as at least as extreme.
-        exceed += int((best(shuffled).max(axis=1) >= observed.max() - 1e-9).sum())
+
+def interval_scores(levels: np.ndarray) -> np.ndarray:
+    """|z| of the Mann-Whitney statistic of the runs inside each stretch against those outside it (the
+    stretches of intervals_of), a row of scores per row of levels. A stretch touching either end is a single
+    split; one in the middle is a level that came and went."""
+    ranks = stats.rankdata(levels, axis=-1)
+    runs = levels.shape[-1]
+    a, b = intervals_of(runs)
+    inside = b - a
+    prefix = np.concatenate([np.zeros(ranks.shape[:-1] + (1,)), np.cumsum(ranks, axis=-1)], axis=-1)
+    sums = prefix[..., b] - prefix[..., a]
+    expected = inside * (runs + 1) / 2
+    deviation = np.sqrt(inside * (runs - inside) * (runs + 1) / 12)
+    return np.abs((sums - expected) / deviation)
+
+
+@dataclass(frozen=True)
+class Scan:
+    stretch: tuple[int, int]  # the runs [a, b) that differ most from the rest
+    statistic: float  # its |z|
+    p_value: float
+    null: np.ndarray  # the best |z| of each shuffle of the runs, sorted
+
+
+def scan(levels: np.ndarray, rng: np.random.Generator) -> Scan:
+    """The stretch of these runs' levels that differs most from the others, and its permutation p: the same
+    scan on the runs shuffled, many times (a tolerance lets shuffles that tie the observed statistic count as
+    at least as extreme)."""
+    if len(levels) < 3:
+        return Scan((0, 1), 0.0, 1.0, np.zeros(1))
+    scores = interval_scores(levels[None, :])[0]
+    observed = float(scores.max())
+    nulls = []
+    exceed = done = 0
+    for batch in (FIRST_PERMUTATIONS,) + (SHUFFLE_BATCH,) * ((PERMUTATIONS - FIRST_PERMUTATIONS) // SHUFFLE_BATCH):
+        shuffled = rng.permuted(np.broadcast_to(levels, (batch, len(levels))), axis=1)
+        best = interval_scores(shuffled).max(axis=1)
+        nulls.append(best)
+        exceed += int((best >= observed - 1e-9).sum())
         done += batch
         if (1 + exceed) / (1 + done) > CLEARLY_NOT:
             break
-    return int(np.argmax(observed)) + 1, (1 + exceed) / (1 + done)
+    a, b = intervals_of(len(levels))
+    best = int(np.argmax(scores))
+    return Scan((int(a[best]), int(b[best])), observed, (1 + exceed) / (1 + done), np.sort(np.concatenate(nulls)))
+
+
+def critical_value(null: np.ndarray, level: float) -> float:
+    """The |z| that the scan's shuffles exceed with chance `level` at most."""
+    index = int(np.ceil((1 - level) * (len(null) + 1))) - 1
+    return float(null[min(index, len(null) - 1)]) if index >= 0 else 0.0
 
 
 def find(runs: list[RunData], threshold: float, alpha: float) -> list[ChangePoint]:
@@ -178,44 +245,136 @@ def find(runs: list[RunData], threshold: float, alpha: float) -> list[ChangePoin
     if not flat:
         return []
     rng = np.random.default_rng(SEED)
-    first = [scan(series.values, rng) for _, series in flat]
-    p_values = np.array([p for _, p in first])
+    first = [scan(series.levels, rng) for _, series in flat]
+    p_values = np.array([found.p_value for found in first])
     adjusted = stats.false_discovery_control(p_values, method="bh") if len(p_values) > 1 else p_values
     accepted = adjusted <= alpha
     if not accepted.any():
         return []
-    # The largest p that Benjamini-Hochberg accepted: further splits of a changed series are held to it.
+    # The largest p that Benjamini-Hochberg accepted: every split of a changed series is held to it.
     level = float(p_values[accepted].max())
     found = []
-    for (metrics, series), best, changed in zip(flat, first, accepted):
+    for (metrics, series), whole, changed in zip(flat, first, accepted):
         if changed:
-            splits = segment(series, 0, len(series.orders), best, level, threshold, alpha, rng)
-            found += describe(series, splits, metrics, runs, threshold, alpha)
+            splits = segment(series.levels, 0, len(series.orders), critical_value(whole.null, level), threshold)
+            found += describe(series, splits, whole.p_value, metrics, runs, threshold, alpha, rng)
     named = {(c.point, c.order, phase) for c in found if c.metric == SPS for phase, _ in c.phases_moved}
     return [c for c in found if c.metric == SPS or (c.point, c.order, c.metric) not in named]
 
 
-def segment(series: Series, start: int, stop: int, best: tuple[int, float], level: float, threshold: float,
-            alpha: float, rng: np.random.Generator) -> list[tuple[int, float]]:
-    """Binary segmentation of series[start:stop]: (first run after, p) of each split that is significant at
-    `level` and large beyond the threshold, in order."""
-    split, p_value = best
-    split += start
-    if p_value > level:
+def segment(levels: np.ndarray, start: int, stop: int, critical: float, threshold: float) -> list[int]:
+    """Circular binary segmentation of levels[start:stop]: the stretch that differs most from the rest, when
+    its |z| clears `critical` and its shift lies beyond the threshold, gives a change point at each of its ends
+    inside the stretch searched, and each piece is searched again; the first run after each change, in order."""
+    if stop - start < 3:
         return []
-    if not beyond(hodges_lehmann(np.concatenate(series.values[start:split]),
-                                 np.concatenate(series.values[split:stop])), threshold):
+    scores = interval_scores(levels[None, start:stop])[0]
+    best = int(np.argmax(scores))
+    a, b = place_ends(levels, start, stop, *(int(end[best]) + start for end in intervals_of(stop - start)))
+    inside = levels[a:b]
+    outside = np.concatenate([levels[start:a], levels[b:stop]])
+    if scores[best] < critical - 1e-9 or not beyond(hodges_lehmann(outside, inside), threshold):
         return []
-    left = segment(series, start, split, scan(series.values[start:split], rng), level, threshold, alpha, rng) \
-        if split - start > 1 else []
-    right = segment(series, split, stop, scan(series.values[split:stop], rng), level, threshold, alpha, rng) \
-        if stop - split > 1 else []
-    return left + [(split, p_value)] + right
+    ends = [end for end in (a, b) if start < end < stop]
+    pieces = [start] + ends + [stop]
+    found = []
+    for left, right in zip(pieces, pieces[1:]):
+        found += segment(levels, left, right, critical, threshold)
+    return sorted(found + ends)
+
+
+def place_ends(levels: np.ndarray, start: int, stop: int, a: int, b: int) -> tuple[int, int]:
+    """The stretch's ends moved by a run either way where that leaves the runs inside and outside closer to
+    their own side's median (absolute deviations): ranks choose the stretch well, but standardizing by its size
+    can pull in a neighbour whose level is the other side's."""
+    def spread(a: int, b: int) -> float:
+        inside, outside = levels[a:b], np.concatenate([levels[start:a], levels[b:stop]])
+        return float(np.abs(inside - np.median(inside)).sum() + np.abs(outside - np.median(outside)).sum())
+
+    candidates = [(a + da, b + db) for da in (-1, 0, 1) for db in (-1, 0, 1)
+                  if start <= a + da < b + db <= stop and b + db - (a + da) < stop - start]
+    return min(candidates, key=lambda ends: (spread(*ends), ends != (a, b)))
 
 
 def hodges_lehmann(before: np.ndarray, after: np.ndarray) -> float:
-    """The estimate alone, as a relative change: the median of every pairwise difference of the logs."""
-    return math.expm1(float(np.median(np.subtract.outer(np.log(after), np.log(before)))))
+    """The estimate alone, as a relative change, of levels already on the log scale."""
+    return math.expm1(float(np.median(np.subtract.outer(after, before))))
+
+
+def selection_bias(levels: np.ndarray, split: int, rng: np.random.Generator) -> float:
+    """How much picking the best split of this stretch inflates the shift measured at it (on the log scale):
+    stretches drawn with the two levels found and the runs' residuals resampled, the best split picked again,
+    and the shift measured there, against the shift drawn in."""
+    before, after = levels[:split], levels[split:]
+    level_before, level_after = float(np.median(before)), float(np.median(after))
+    residuals = np.concatenate([before - level_before, after - level_after])
+    drawn = rng.choice(residuals, (SELECTION_DRAWS, len(levels))) + np.r_[[level_before] * split,
+                                                                           [level_after] * (len(levels) - split)]
+    picked = np.argmax(split_scores(drawn), axis=1) + 1
+    shifts = [float(np.median(np.subtract.outer(row[at:], row[:at]))) for row, at in zip(drawn, picked)]
+    return float(np.mean(shifts)) - (level_after - level_before)
+
+
+def beyond(relative: float, threshold: float) -> bool:
+    """Whether a change lies outside the threshold band (symmetric on the log scale, like verdicts')."""
+    down, up = intervals.band(threshold)
+    return not down < math.log1p(relative) < up
+
+
+def describe(series: Series, splits: list[int], p_value: float, metrics: dict[str, Series], runs: list[RunData],
+             threshold: float, alpha: float, rng: np.random.Generator) -> list[ChangePoint]:
+    """Each split measured between its neighbours: the runs from the previous change point to it against
+    those from it to the next, the shift corrected for picking the split. A phase's change point must also
+    move a visible part of the step."""
+    bounds = [0] + splits + [len(series.orders)]
+    levels = series.levels
+    out = []
+    for index, split in enumerate(splits):
+        start, stop = bounds[index], bounds[index + 2]
+        before, after = levels[start:split], levels[split:stop]
+        bias = selection_bias(levels[start:stop], split - start, rng)
+        naive = intervals.shift(np.exp(before), np.exp(after), alpha)
+        shift = intervals.Shift(math.expm1(math.log1p(naive.estimate) - bias),
+                                math.expm1(math.log1p(naive.low) - bias) if naive.low > -1 else -1.0,
+                                math.expm1(math.log1p(naive.high) - bias), naive.confidence, naive.p_value,
+                                naive.n_baseline, naive.n_candidate)
+        before_orders, after_orders = set(series.orders[start:split]), set(series.orders[split:stop])
+        before_values = np.concatenate(series.values[start:split])
+        after_values = np.concatenate(series.values[split:stop])
+        step_seconds = 1 / float(np.median(_within(metrics[SPS], before_orders)))
+        run = runs[series.orders[split]]
+        change = ChangePoint(series.point, series.metric, series.orders[split], run.run_id, run.commit, p_value,
+                             shift, naive.estimate, float(np.median(before_values)),
+                             float(np.median(after_values)), split - start, stop - split,
+                             _quartiles(before_values), _quartiles(after_values),
+                             (series.orders[start], series.orders[stop - 1]), key=series.key)
+        if series.metric == SPS:
+            change.phases_moved = phases_moved(metrics, before_orders, after_orders, step_seconds, threshold, alpha)
+        elif abs(change.after - change.before) < MIN_PHASE_GROWTH_SHARE * step_seconds:
+            continue
+        out.append(change)
+    return out
+
+
+def phases_moved(metrics: dict[str, Series], before_orders: set[int], after_orders: set[int], step_seconds: float,
+                 threshold: float, alpha: float) -> list[tuple[str, intervals.Shift]]:
+    """Phases whose time per step changed between these runs, from their repeats: the interval excludes no
+    change, the estimate lies beyond the threshold, and the change is a visible part of the step; the largest
+    in seconds first."""
+    moved = []
+    for phase in PHASES:
+        if phase not in metrics:
+            continue
+        before, after = _within(metrics[phase], before_orders), _within(metrics[phase], after_orders)
+        if len(before) < 2 or len(after) < 2:
+            continue
+        change = level_shift(before, after, alpha)
+        seconds = abs(float(np.median(after)) - float(np.median(before)))
+        if (change.low > 0 or change.high < 0) and beyond(change.estimate, threshold) and \
+                seconds >= MIN_PHASE_GROWTH_SHARE * step_seconds:
+            moved.append((phase, change, seconds))
+    moved.sort(key=lambda item: -item[2])
+    return [(phase, change) for phase, change, _ in moved]
 
 
 def level_shift(before: np.ndarray, after: np.ndarray, alpha: float) -> intervals.Shift:
@@ -234,58 +393,6 @@ def level_shift(before: np.ndarray, after: np.ndarray, alpha: float) -> interval
                            1 - alpha, p_value, n, m)
 
 
-def beyond(relative: float, threshold: float) -> bool:
-    """Whether a change lies outside the threshold band (symmetric on the log scale, like verdicts')."""
-    down, up = intervals.band(threshold)
-    return not down < math.log1p(relative) < up
-
-
-def describe(series: Series, splits: list[tuple[int, float]], metrics: dict[str, Series], runs: list[RunData],
-             threshold: float, alpha: float) -> list[ChangePoint]:
-    """Each split measured between its neighbours: the repeats from the previous change point to it against
-    those from it to the next. A phase's change point must also move a visible part of the step."""
-    bounds = [0] + [split for split, _ in splits] + [len(series.orders)]
-    out = []
-    for index, (split, p_value) in enumerate(splits):
-        before_orders = set(series.orders[bounds[index]:split])
-        after_orders = set(series.orders[split:bounds[index + 2]])
-        before = np.concatenate(series.values[bounds[index]:split])
-        after = np.concatenate(series.values[split:bounds[index + 2]])
-        step_seconds = 1 / float(np.median(_within(metrics[SPS], before_orders)))
-        run = runs[series.orders[split]]
-        change = ChangePoint(series.point, series.metric, series.orders[split], run.run_id, run.commit, p_value,
-                             level_shift(before, after, alpha), float(np.median(before)),
-                             float(np.median(after)), split - bounds[index], bounds[index + 2] - split,
-                             _quartiles(before), _quartiles(after),
-                             (series.orders[bounds[index]], series.orders[bounds[index + 2] - 1]))
-        if series.metric == SPS:
-            change.phases_moved = phases_moved(metrics, before_orders, after_orders, step_seconds, threshold, alpha)
-        elif abs(change.after - change.before) < MIN_PHASE_GROWTH_SHARE * step_seconds:
-            continue
-        out.append(change)
-    return out
-
-
-def phases_moved(metrics: dict[str, Series], before_orders: set[int], after_orders: set[int], step_seconds: float,
-                 threshold: float, alpha: float) -> list[tuple[str, intervals.Shift]]:
-    """Phases whose time per step changed between these runs: the interval excludes no change, the estimate
-    lies beyond the threshold, and the change is a visible part of the step; the largest in seconds first."""
-    moved = []
-    for phase in PHASES:
-        if phase not in metrics:
-            continue
-        before, after = _within(metrics[phase], before_orders), _within(metrics[phase], after_orders)
-        if len(before) < 2 or len(after) < 2:
-            continue
-        change = level_shift(before, after, alpha)
-        seconds = abs(float(np.median(after)) - float(np.median(before)))
-        if (change.low > 0 or change.high < 0) and beyond(change.estimate, threshold) and \
-                seconds >= MIN_PHASE_GROWTH_SHARE * step_seconds:
-            moved.append((phase, change, seconds))
-    moved.sort(key=lambda item: -item[2])
-    return [(phase, change) for phase, change, _ in moved]
-
-
 def _quartiles(values: np.ndarray) -> tuple[float, float]:
     low, high = np.quantile(values, [0.25, 0.75])
     return float(low), float(high)
@@ -294,3 +401,24 @@ def _quartiles(values: np.ndarray) -> tuple[float, float]:
 def _within(series: Series, orders: set[int]) -> np.ndarray:
     kept = [values for order, values in zip(series.orders, series.values) if order in orders]
     return np.concatenate(kept) if kept else np.array([])
+
+
+# ---- confirmations: a change point's commits measured again, in pairs, in one job ----------------------------------
+
+CONFIRMS = "confirms"
+
+
+def confirms_entry(change: ChangePoint, point_key: str) -> dict:
+    """The fingerprint entry of a run that re-measures a change point's commits (benches/confirm.py)."""
+    return {CONFIRMS: {"run": change.run_id, "point": change.key, "point_key": point_key, "metric": change.metric}}
+
+
+def confirmation_text(change: ChangePoint, verdict) -> str:
+    """How a confirmation ended, as the history shows it: confirmed when the pairs claim the change point's
+    direction, else what they showed."""
+    expected = "regressed" if change.worse else "improved"
+    if verdict.status == expected:
+        return f"confirmed: {verdict.sps.relative:+.1%} in {verdict.sps.n_candidate} pairs"
+    if verdict.status in ("failed", "inconclusive"):
+        return f"undecided: {verdict.status}"
+    return f"not confirmed: {verdict.status}" + (f" ({verdict.sps.relative:+.1%})" if verdict.sps else "")

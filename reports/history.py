@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from reference_trainer.config import PHASES
 from rlperf.store import Store
@@ -17,7 +18,8 @@ from reports.criteria import check_criteria
 from reports.formatting import fmt_change, fmt_p, fmt_sps
 from reports.page import write_report
 from reports.rundata import RunData, load_run, point_table
-from reports.verdicts import fmt_interval, judge, phase_per_step, quiet
+from reports.sequential import PAIRING, paired_design
+from reports.verdicts import fmt_interval, judge, judge_pair_point, phase_per_step, quiet
 from rlperf.errors import BadInput
 
 FINISHED = ("complete", "interrupted")
@@ -32,14 +34,16 @@ def render_history(store_path: str, out_dir: str, threshold: float,
         store = Store.open(store_path, readonly=True)
     except BadInput as exc:
         raise BadInput(f"history: {exc}") from None
-    runs = store.runs()
-    runs = runs[runs["status"].isin(FINISHED)]
+    every = store.runs()
+    runs = every[every["status"].isin(FINISHED) & every["fingerprint"].map(measures_its_moment)]
     if runs.empty:
         raise BadInput(f"history: {store_path} holds no finished runs")
+    confirmations = every[every["fingerprint"].map(lambda fingerprint: changepoints.CONFIRMS in fingerprint)]
     sections, summary, change_tables = [], [], []
     for (suite, machine_key), group in runs.groupby(["suite", "machine_key"], sort=False):
         loaded = [load_run(store, run_id, "history") for run_id in group["run_id"]]
-        section, rows, changes = trend_section(suite, machine_key, loaded, threshold, alpha)
+        section, rows, changes = trend_section(suite, machine_key, loaded, threshold, alpha,
+                                               lambda change: confirmation(store, confirmations, change))
         sections.append(section)
         machine = section.title.partition(" · ")[2]
         latest = rows[-1]
@@ -58,14 +62,44 @@ def render_history(store_path: str, out_dir: str, threshold: float,
     return write_report(report, out_dir), pd.DataFrame(summary), changes
 
 
+def measures_its_moment(fingerprint: dict) -> bool:
+    """Whether a run belongs in the trend: a measurement of the code of its own moment. Left out: the baseline
+    side of runs made in pairs (an older commit), a gate's confirmation (a few points again), and the runs of a
+    bisection or of a change point's confirmation (commits measured out of order)."""
+    pairing, gate = fingerprint.get(PAIRING) or {}, fingerprint.get("gate") or {}
+    return pairing.get("side") != "ref" and gate.get("side") != "ref" and gate.get("stage") != "confirm" \
+        and "bisect" not in fingerprint and changepoints.CONFIRMS not in fingerprint
+
+
+def confirmation(store: Store, confirmations: pd.DataFrame, change: ChangePoint) -> str:
+    """How `rlperf confirm` re-measured this change point, judged from its stored pair of runs; empty when it
+    has not been confirmed."""
+    sides = {}
+    for row in confirmations.itertuples():
+        entry = row.fingerprint[changepoints.CONFIRMS]
+        if entry["run"] == change.run_id and entry["point"] == change.key and row.status == "complete":
+            sides[(row.fingerprint.get(PAIRING) or {}).get("side")] = row
+    if set(sides) != {"ref", "new"}:
+        return ""
+    new, ref = (load_run(store, sides[side].run_id, "history") for side in ("new", "ref"))
+    design = paired_design(new.fingerprint, ref.run_id)
+    point_key = sides["new"].fingerprint[changepoints.CONFIRMS]["point_key"]
+    status = new.points.set_index("point_key")["status"].get(point_key)
+    if design is None or status != "ok":
+        return f"undecided: {status or 'not measured'}"
+    verdict = judge_pair_point(new.samples[new.samples["point_key"] == point_key],
+                               ref.samples[ref.samples["point_key"] == point_key], design, ended=True)
+    return changepoints.confirmation_text(change, verdict)
+
+
 def run_tick(run: RunData) -> str:
     """A run's x label: its commit and start time, so two runs of one commit stay apart."""
     started = str(run.info["started_at"])
     return f"{run.commit[:7]} {started[5:10]} {started[11:19]}"
 
 
-def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: float,
-                  alpha: float) -> tuple[Section, list[dict], list[ChangePoint]]:
+def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: float, alpha: float,
+                  confirmed=lambda change: "") -> tuple[Section, list[dict], list[ChangePoint]]:
     trend, rows = [], []
     previous = None
     for order, run in enumerate(runs):
@@ -85,10 +119,15 @@ def trend_section(suite: str, machine_key: str, runs: list[RunData], threshold: 
         })
         previous = run
     changes = changepoints.find(runs, threshold, alpha)
+    for change in changes:
+        change.confirmation = confirmed(change) if change.metric == changepoints.SPS else ""
     ticks = [run_tick(run) for run in runs]
+    offset, counted = run_offset(runs)
     text = [f"Suite {suite} on machine {machine_key}: {len(runs)} runs. A red triangle marks a run in which the "
             "point regressed against the run before it; a dashed line marks a change point, with the level of "
             "the runs either side shaded (their middle half of repeats).", change_rule_text(threshold, alpha)]
+    if counted >= MIN_OFFSET_RUNS:
+        text.append(offset_text(offset, counted))
     text += [f"{change.point}: {change.sentence()} (run {change.run_id}, {ticks[change.order]}; "
              f"{fmt_change(change.shift.estimate)} {fmt_interval(change.shift)}, p={fmt_p(change.p_value)})"
              for change in changes] or ["No change points: no point's SPS or phase time moved to a new level."]
@@ -114,7 +153,7 @@ def print_changes(console, changes: pd.DataFrame) -> None:
         console.print("change points: none (no point's SPS or phase time moved to a new level)")
         return
     table = Table(title="change points: where a level shifted and stayed")
-    columns = ["suite", "point", "metric", "status", "run", "change (interval)", "p"]
+    columns = ["suite", "point", "metric", "status", "run", "change (interval)", "p", "confirmed"]
     if changes["machine"].nunique() > 1:
         columns.insert(1, "machine")
     for column in columns:
@@ -129,13 +168,53 @@ def print_changes(console, changes: pd.DataFrame) -> None:
 
 
 def change_rule_text(threshold: float, alpha: float) -> str:
-    return ("Change points: for each point's SPS and each phase's time per step, the split of the runs whose "
-            "repeats differ most before and after (Mann–Whitney), kept when shuffling the repeats among the runs "
-            "rarely gives as large a difference at any split (p below Benjamini–Hochberg's level over every "
-            f"series at {alpha:g}) and when the shift is beyond ±{threshold:.0%}; each side is then searched "
-            "again. A change's interval is the exact Mann–Whitney interval of the repeats between neighbouring "
-            f"change points at {1 - alpha:.0%}; phases that moved are those whose time per step changed beyond "
-            f"±{threshold:.0%} at the same runs.")
+    return ("Change points: runs are the unit (a night's processes share its offset). For each point's SPS and "
+            "each phase's time per step, the stretch of runs (a split, or a level that came and went) whose "
+            "medians differ most from the other runs' (Mann–Whitney), kept when shuffling whole runs rarely gives "
+            "as large a difference for any stretch (p below Benjamini–Hochberg's level over every series at "
+            f"{alpha:g}) and when the shift is beyond ±{threshold:.0%}; each piece is then searched again against "
+            "the same critical value. A change's shift is corrected for picking the stretch, with the exact "
+            f"Mann–Whitney interval of the runs between neighbouring change points at {1 - alpha:.0%}; phases that "
+            f"moved are those whose time per step changed beyond ±{threshold:.0%} at the same runs. `rlperf "
+            "confirm` measures the commits either side of each change point again, in pairs, in one job.")
+
+
+MIN_OFFSET_RUNS = 3
+
+
+def run_offset(runs: list[RunData]) -> tuple[float, int]:
+    """How much whole runs of one suite differ from each other beyond their points' own levels: each point's
+    median log SPS per run, less that point's median over runs; a run's offset is the median of those over its
+    points; the robust SD of the offsets (scaled MAD), and the runs counted."""
+    medians: dict[str, dict[int, float]] = {}
+    for order, run in enumerate(runs):
+        for point in point_table(run).itertuples():
+            if point.status == "ok" and np.isfinite(point.sps_median):
+                medians.setdefault(point.point_key, {})[order] = float(np.log(point.sps_median))
+    deviations: dict[int, list[float]] = {}
+    for by_run in medians.values():
+        center = float(np.median(list(by_run.values())))
+        for order, value in by_run.items():
+            deviations.setdefault(order, []).append(value - center)
+    offsets = np.array([np.median(values) for values in deviations.values()])
+    if len(offsets) < MIN_OFFSET_RUNS:
+        return np.nan, len(offsets)
+    return float(stats.median_abs_deviation(offsets, scale="normal")), len(offsets)
+
+
+def suite_offset(store_path: str, suite: str, machine_key: str) -> tuple[float, int]:
+    """run_offset over a store's finished runs of one suite on one machine that measure their own moment."""
+    with Store.open(store_path, readonly=True) as store:
+        runs = store.runs()
+        chosen = runs[(runs["suite"] == suite) & (runs["machine_key"] == machine_key)
+                      & runs["status"].isin(FINISHED) & runs["fingerprint"].map(measures_its_moment)]
+        return run_offset([load_run(store, run_id, "history") for run_id in chosen["run_id"]])
+
+
+def offset_text(offset: float, counted: int) -> str:
+    return (f"Whole runs of this suite differ by a run-wide offset of about {offset:.1%} (robust SD over {counted} "
+            f"runs, beyond each point's own level): two runs measured apart cannot tell a change of less than "
+            f"about {2.8 * offset:.1%} from a night's offset.")
 
 
 def fmt_level(metric: str, value: float) -> str:
@@ -151,6 +230,7 @@ def change_table(changes: list[ChangePoint], runs: list[RunData]) -> pd.DataFram
         "change (interval)": f"{fmt_change(change.shift.estimate)} {fmt_interval(change.shift)}",
         "p": fmt_p(change.p_value),
         "runs before/after": f"{change.runs_before}/{change.runs_after}",
+        "confirmed": change.confirmation or "not yet (`rlperf confirm`)",
         "phases that moved": ", ".join(f"{phase} {fmt_change(moved.estimate)}" for phase, moved in change.phases_moved)
         or ("–" if change.metric != changepoints.SPS else "no single phase beyond the threshold"),
     } for change in changes])

@@ -360,7 +360,15 @@ def test_history_marks_the_run_that_regressed(summary, tmp_path):
     assert [("regressed" not in row.split("|")[4]) and ("–" in row.split("|")[4]) for row in rows] == \
         [True, True, False, True]
     assert "dtype=fp32, num_envs=16 -30" in rows[2]
-    # The same slowdown is a change point of each point's SPS, beginning at the third run.
-    changes = [line for line in markdown.splitlines() if re.match(r"\| [^|]+ \| SPS \| regressed \|", line)]
-    assert len(changes) == len(SWEEP) and all(f"| {rows[2].split('|')[1].strip()} |" in row for row in changes)
+    # Runs are the unit of change points: four runs cannot tell a level from a night's offset.
+    assert "No change points" in markdown
     assert (out / "report.html").read_text().count("<svg") == 2  # SPS and phase time over runs
+    # Eight nights, then eight at 70%: the slowdown is a change point of each point's SPS at the ninth run.
+    longer = tmp_path / "longer.sqlite"
+    for speed in (1.0, 0.99, 1.02, 1.0, 1.01, 0.98, 1.0, 1.01) + (0.7, 0.71, 0.7, 0.69, 0.7, 0.7, 0.71, 0.7):
+        add_run(longer, summary, speed=speed, suite="nightly", extras=False)
+    assert main(["report", "--history", str(longer), "--out", str(out / "longer")]) == 0
+    markdown = (out / "longer" / "report.md").read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| 2")]
+    changes = [line for line in markdown.splitlines() if re.match(r"\| [^|]+ \| SPS \| regressed \|", line)]
+    assert len(changes) == len(SWEEP) and all(f"| {rows[8].split('|')[1].strip()} |" in row for row in changes)

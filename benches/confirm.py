@@ -1,0 +1,164 @@
+"""`rlperf confirm STORE`: measure the commits either side of each change point again, in one job, in pairs.
+
+A change point in the history (reports/changepoints.py) says that a point's SPS moved between two runs of
+different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
+measured again here: the commit of the last run before it against the commit of the run where it began, each in
+a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
+`rlperf bench --against --until-decided`, benches/against.py). Both sides are stored as runs naming the change
+point they confirm, and `rlperf report --history` shows each change point as confirmed (the pairs claim the same
+direction), not confirmed, or undecided.
+
+Exit codes: 0 when every change point measured was confirmed (or there was none to measure), 1 when one was not
+(or the machine refused a write), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from benches.against import Pairing, resolve_commit, worktree
+from benches.cli import raise_interrupt
+from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.suite import Point
+from reports import changepoints
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from reports.history import FINISHED, measures_its_moment
+from reports.rundata import load_run
+from reports.sequential import Design, pairing_entry
+from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.errors import BadInput
+from rlperf.lock import MeasurementLock
+from rlperf.machine import collect, machine_key, probe
+from rlperf.store import PointRecord, Store, utc_now
+
+TIMEOUT_S = 600.0
+
+
+def candidates(store: Store, threshold: float, alpha: float) -> list[tuple[changepoints.ChangePoint, list]]:
+    """Every SPS change point of the store's history not yet confirmed, with the history's runs it lies in."""
+    runs = store.runs()
+    night = runs[runs["status"].isin(FINISHED) & runs["fingerprint"].map(measures_its_moment)]
+    confirmed = {(entry["run"], entry["point"]) for entry in
+                 (f.get(changepoints.CONFIRMS) for f in runs["fingerprint"]) if entry}
+    found = []
+    for _, group in night.groupby(["suite", "machine_key"], sort=False):
+        loaded = [load_run(store, run_id, "history") for run_id in group["run_id"]]
+        for change in changepoints.find(loaded, threshold, alpha):
+            if change.metric == changepoints.SPS and (change.run_id, change.key) not in confirmed:
+                found.append((change, loaded))
+    return found
+
+
+class Confirm:
+    def __init__(self, args: argparse.Namespace, console: Console):
+        self.args = args
+        self.console = console
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
+
+    def run(self) -> int:
+        args = self.args
+        store_path = Path(args.store)
+        with Store.open(store_path, readonly=True) as store:
+            found = candidates(store, args.threshold, args.alpha)
+        if not found:
+            self.say("confirm: no change point left to confirm")
+            return 0
+        machine = probe()
+        outcomes = []
+        with MeasurementLock() as lock:
+            lock.acquire(args.wait, self.say, suite="confirm", store=str(store_path.resolve()))
+            for change, runs in found:
+                outcomes.append(self.confirm(store_path, machine, change, runs))
+        for line in outcomes:
+            self.say(line)
+        return 0 if all(line.split(": ", 2)[1].startswith("confirmed") for line in outcomes) else 1
+
+    def confirm(self, store_path: Path, machine, change: changepoints.ChangePoint, runs: list) -> str:
+        """One change point measured again; a line saying how it ended."""
+        args = self.args
+        before_run, after_run = runs[change.order - 1], runs[change.order]
+        name = f"{change.point} at {change.run_id}"
+        if before_run.info.get("git_dirty") or after_run.info.get("git_dirty"):
+            return f"{name}: undecided: a run either side measured uncommitted changes, which cannot be checked out"
+        try:
+            commits = {side: resolve_commit(run.info["git_commit"] or "", "store")
+                       for side, run in (("ref", before_run), ("new", after_run))}
+        except BadInput as missing:
+            return f"{name}: undecided: {missing}"
+        if commits["ref"] == commits["new"]:
+            return f"{name}: undecided: both runs measured commit {commits['new'][:10]}: the shift is the machine's"
+        points = after_run.points.set_index("point_key")
+        point_key = next(key for key in points.index
+                         if changepoints.match_key(key, points.loc[key, "config"]) == change.key)
+        config = points.loc[point_key, "config"]
+        point = Point(point_key, json.loads(point_key), config)
+        reason = machine.skip_reason(config)
+        if reason is not None:
+            return f"{name}: undecided: this machine cannot run it ({reason})"
+        design = Design.plan(args.max_repeats, args.alpha, sides=2, threshold=args.threshold)
+        fingerprint = collect(machine, after_run.info["suite_hash"])
+        key = machine_key(fingerprint)
+        with worktree(commits["ref"]) as ref_tree, worktree(commits["new"]) as new_tree, \
+                Store.open(store_path) as store:
+            created = {}
+            for side, tree_commit in commits.items():
+                entry = {**fingerprint, "git": {"commit": tree_commit, "dirty": False},
+                         **changepoints.confirms_entry(change, point_key),
+                         **pairing_entry(side, created.get("ref"), design)}
+                created[side] = store.create_run(after_run.suite, after_run.info["suite_hash"], entry, key,
+                                                 f"confirm {change.point} at {change.run_id}: {tree_commit[:10]}")
+            self.say(f"confirming {name} ({change.sentence()}): {commits['ref'][:10]} against {commits['new'][:10]}")
+            runners = {side: PointRunner(Path(args.out) / created[side], design.max_pairs, args.timeout,
+                                         UtilizationProbe(0), trainer_command, cwd=tree)
+                       for side, tree in (("ref", ref_tree), ("new", new_tree))}
+            records = {side: PointRecord(point.key, config, "ok", utc_now(), 0.0) for side in runners}
+            try:
+                verdict = Pairing(runners, design, self.say).measure(0, point, records,
+                                                                      machine.gpu_uuids(config),
+                                                                      time.monotonic() + args.budget_s)
+            except KeyboardInterrupt:
+                for run_id in created.values():
+                    store.finish_run(run_id, "interrupted")
+                raise
+            for side, run_id in created.items():
+                store.record_point(run_id, records[side])
+                store.finish_run(run_id, "complete")
+        return f"{name}: {changepoints.confirmation_text(change, verdict)}"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", metavar="STORE", help="a results store whose history has change points")
+    parser.add_argument("--out", default="runs", metavar="DIR", help="where the processes' logs go (default runs/)")
+    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                        help=f"at most N pairs per change point (default {DEFAULT_MAX_REPEATS})")
+    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
+                        metavar="S", help=f"seconds each change point's pairs may take (default {DEFAULT_BUDGET_S:g})")
+    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=TIMEOUT_S,
+                        metavar="S", help=f"seconds one trainer process may run (default {TIMEOUT_S:g})")
+    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
+                        help=f"smallest relative change of SPS that counts (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
+                        help=f"the change points' level, and each confirmation's (default {DEFAULT_ALPHA})")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
+                             "waiting for it (default: wait)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlperf.terminal import default_console
+
+    if not Path(args.store).is_file():
+        raise BadInput(f"store: no store at {args.store}")
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return Confirm(args, default_console()).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
