@@ -1,15 +1,18 @@
 """The nightly workflow's steps (.github/workflows/nightly-bench.yml), one subcommand each, so the workflow
 only calls them and each can be tested without a runner.
 
-    python -m benches.nightly locate                 # DATA and BASELINE lines for $GITHUB_ENV
+    python -m benches.nightly locate                 # DATA and BASELINE (this machine's last good commit) lines
     python -m benches.nightly check-torch            # this interpreter's torch must see CUDA
-    python -m benches.nightly now                    # a start mark in the store's time format
-    rlperf runs STORE --latest nightly --since MARK  # (not a step here) the run this job made, never an older one
+    rlperf gate --suite nightly --baseline COMMIT --out DATA --summary gate.json   # (not a step here)
     python -m benches.nightly check-run --store S --run ID     # complete, every point measured
-    python -m benches.nightly compare --data D --run ID --out report
-    python -m benches.nightly promote --data D --run ID [--first-night]
-    python -m benches.nightly keep-logs --data D --run ID --into report/logs
+    python -m benches.nightly publish --data D --summary gate.json --out report   # status, job summary, history
+    python -m benches.nightly promote --data D --commit SHA [--first-night]
+    python -m benches.nightly keep-logs --data D --summary gate.json --into report/logs
     python -m benches.nightly gate --status N --step bench=success ...
+
+The baseline is a commit, not a stored run: each night the gate measures it again beside the night's commit,
+in pairs of processes, so a slow night slows both alike. The commit is the last one whose night passed on this
+machine.
 
 Exit codes: 0 when the step's check passed, 1 when it did not (with one `::error::` line saying why), 2
 for bad arguments. Only `check-torch` and the store commands import torch or pandas, when they run.
@@ -27,7 +30,7 @@ from pathlib import Path
 from rlperf.layout import STORE_FILE
 
 SUITE = "nightly"
-BASELINE_FILE = "baseline"
+BASELINE_FILE = "baseline"  # this machine's last good commit
 # Run ids are made by the store (time, suite, random suffix); anything else is refused before it is
 # joined into a path, so an empty or odd id can never name the whole data directory.
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+")
@@ -42,8 +45,15 @@ def data_dir(explicit: str | None = None) -> Path:
 
 
 def read_baseline(data: Path) -> str | None:
+    """The machine's baseline commit. A file written before baselines were commits names a run: its commit."""
     path = data / BASELINE_FILE
     text = path.read_text().strip() if path.is_file() else ""
+    if RUN_ID.fullmatch(text) and (data / STORE_FILE).is_file():
+        from rlperf.store import Store
+
+        with Store.open(data / STORE_FILE, readonly=True) as store:
+            runs = store.runs().set_index("run_id")
+        text = str(runs["git_commit"].get(text) or "")
     return text or None
 
 
@@ -72,7 +82,7 @@ def locate(args: argparse.Namespace) -> int:
     lines = [f"DATA={data}"]
     baseline = read_baseline(data)
     if baseline:
-        lines.append(f"BASELINE={data / STORE_FILE}::{baseline}")
+        lines.append(f"BASELINE={baseline}")
     print("\n".join(lines))
     return 0
 
@@ -91,13 +101,6 @@ def check_torch(args: argparse.Namespace) -> int:
             f"{torch.version.cuda}): every GPU test would skip and every point be skipped. RLPERF_TORCH=system "
             "makes nox use the system site-packages; a torch installed in another virtualenv is not among them, "
             "and pip then installs a CPU torch of its own")
-    return 0
-
-
-def now(args: argparse.Namespace) -> int:
-    from rlperf.store import utc_now
-
-    print(utc_now())
     return 0
 
 
@@ -142,82 +145,72 @@ def check_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(args: argparse.Namespace) -> int:
-    """Renders tonight's report against the machine's baseline and records the comparison's status at
-    once, before anything else can fail; then the job summary and the history page."""
+def read_summary(path: Path) -> dict:
+    import json
+
+    try:
+        summary = json.loads(path.read_text())
+        valid_run_id(summary["runs"]["screen_new"])
+        return summary
+    except (OSError, ValueError, KeyError, TypeError, argparse.ArgumentTypeError) as exc:
+        raise StepFailed(f"the gate left no readable summary at {path} ({exc})") from None
+
+
+def publish(args: argparse.Namespace) -> int:
+    """Records the gate's exit code at once, before anything else can fail; then the job summary (the gate's
+    report.md) and the history page beside the report."""
     from rlperf.cli import main as rlperf
 
-    data = data_dir(args.data)
-    store = data / STORE_FILE
-    baseline = read_baseline(data)
-    command = ["report", f"{store}::{args.run}", "--out", str(args.out)]
-    if baseline:
-        command += ["--baseline", f"{store}::{baseline}"]
-    status = rlperf(command)
-    append("GITHUB_OUTPUT", f"status={status}\n")
-    summary = (f"Compared with baseline run {baseline}.\n\n" if baseline else
-               "No baseline on this machine yet: this run reports without verdicts.\n\n")
-    report_md = args.out / "report.md"
-    if report_md.is_file():
-        summary += report_md.read_text()
-    append("GITHUB_STEP_SUMMARY", summary)
-    history = rlperf(["report", "--history", str(store), "--out", str(args.out / "history")])
+    summary = read_summary(args.summary)
+    append("GITHUB_OUTPUT", f"status={summary['exit_code']}\nrun_id={summary['runs']['screen_new']}\n")
+    report_md = Path(summary["report"]) / "report.md"
+    text = f"{summary['conclusion']}\n\n" + (report_md.read_text() if report_md.is_file() else "")
+    append("GITHUB_STEP_SUMMARY", text)
+    shutil.copytree(summary["report"], args.out, dirs_exist_ok=True)
+    history = rlperf(["report", "--history", str(data_dir(args.data) / STORE_FILE), "--out",
+                      str(args.out / "history")])
     if history not in (0, 1):
         raise StepFailed(f"the history page could not be rendered (exit {history})")
     return 0
 
 
 def promote(args: argparse.Namespace) -> int:
-    """Makes a run this machine's baseline: a complete run of the nightly suite that measured every point,
-    on this machine as it is now (same GPUs, CPU, torch and CUDA). With --first-night, only when the
-    machine has no baseline yet."""
-    from rlperf.machine import collect, machine_key
-    from rlperf.machine import probe
-    from rlperf.store import Store
+    """Makes a commit this machine's baseline. With --first-night, only when the machine has none yet."""
+    from benches.against import resolve_commit
 
     data = data_dir(args.data)
-    store_path = data / STORE_FILE
     old = read_baseline(data)
     if args.first_night and old:
         print(f"this machine's baseline stays {old}")
         return 0
-    if not store_path.is_file():
-        raise StepFailed(f"no store at {store_path}")
-    with Store.open(store_path, readonly=True) as store:
-        store.require_run(args.run)
-        run = store.runs().set_index("run_id").loc[args.run]
-    if run["suite"] != SUITE:
-        raise StepFailed(f"run {args.run} is of suite {run['suite']!r}, not {SUITE!r}: it cannot be the baseline")
-    here = machine_key(collect(probe(), ""))
-    if run["machine_key"] != here:
-        raise StepFailed(f"run {args.run} was measured on another machine or stack (machine key "
-                         f"{run['machine_key']}, this machine {here}): it cannot be this machine's baseline")
-    problems = run_problems(store_path, args.run, args.suite)
-    if problems:
-        raise StepFailed(f"run {args.run} cannot be the baseline: " + "; ".join(problems))
+    commit = resolve_commit(args.commit, "commit")
+    data.mkdir(parents=True, exist_ok=True)
     partial = data / f"{BASELINE_FILE}.partial"
-    partial.write_text(args.run + "\n")
+    partial.write_text(commit + "\n")
     partial.replace(data / BASELINE_FILE)
-    line = f"Baseline of this machine: {old or 'none'} -> {args.run}\n"
+    line = f"Baseline of this machine: {old or 'none'} -> {commit}\n"
     print(line, end="")
     append("GITHUB_STEP_SUMMARY", line)
     return 0
 
 
 def keep_logs(args: argparse.Namespace) -> int:
-    """Copies the run's directory (its points' logs) next to the report, for the artifact."""
-    source = data_dir(args.data) / args.run
-    if not source.is_dir():
-        raise StepFailed(f"no directory for run {args.run} in {source.parent}")
-    shutil.copytree(source, args.into, dirs_exist_ok=True, ignore=shutil.ignore_patterns("report"))
-    print(f"kept {source} in {args.into}")
+    """Copies the gate's runs' directories (their points' logs) next to the report, for the artifact."""
+    summary = read_summary(args.summary)
+    for name, run_id in summary["runs"].items():
+        if not RUN_ID.fullmatch(str(run_id)):
+            raise StepFailed(f"the gate's summary names {run_id!r} as its {name} run, which is no run id")
+        source = data_dir(args.data) / run_id
+        if not source.is_dir():
+            raise StepFailed(f"no directory for run {run_id} in {source.parent}")
+        shutil.copytree(source, args.into / name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("report"))
+        print(f"kept {source} in {args.into / name}")
     return 0
 
 
 STEP_ERRORS = {
     "torch": "the bench environment's torch does not see CUDA",
-    "bench": "the sweep itself failed",
-    "tonight": "the sweep stored no run tonight",
+    "publish": "the gate left no outcome to publish",
     "check": "the run did not measure every point",
     "gpu_tests": "a GPU correctness test failed",
 }
@@ -232,10 +225,11 @@ def gate(args: argparse.Namespace) -> int:
             errors.append(f"{STEP_ERRORS.get(name, name)} ({name}: {outcome or 'did not run'})")
     if args.status == "1":
         errors.append(f"a point regressed against baseline {args.baseline or '?'}: see the job summary")
-    elif args.status not in ("0", "1") and args.baseline:
-        errors.append(f"the report could not compare the runs (status {args.status or 'not written'})")
-    elif args.status not in ("0", "1"):
-        errors.append(f"the report could not be rendered (status {args.status or 'not written'})")
+    elif args.status == "3":
+        errors.append("the gate could not measure every point (a process failed, or too few quiet pairs): "
+                      "see the job summary")
+    elif args.status != "0":
+        errors.append(f"the gate did not finish (status {args.status or 'not written'})")
     for error in errors:
         print(f"::error::{error}")
     if not errors:
@@ -252,26 +246,24 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--data", help="default $RLPERF_DATA, else ~/rlperf-nightly")
     sub.set_defaults(func=locate)
     steps.add_parser("check-torch", help="fail unless this interpreter's torch sees CUDA").set_defaults(func=check_torch)
-    steps.add_parser("now", help="the current time as the store writes it").set_defaults(func=now)
     sub = steps.add_parser("check-run", help="fail unless the run is complete with every point measured")
     sub.add_argument("--store", type=Path, required=True)
     sub.add_argument("--run", type=valid_run_id, required=True)
     sub.add_argument("--suite", help="suite name or file (default: the run's suite)")
     sub.set_defaults(func=check_run)
-    sub = steps.add_parser("compare", help="report against the baseline; status to $GITHUB_OUTPUT at once")
+    sub = steps.add_parser("publish", help="the gate's status to $GITHUB_OUTPUT at once, then job summary, history")
     sub.add_argument("--data")
-    sub.add_argument("--run", type=valid_run_id, required=True)
+    sub.add_argument("--summary", type=Path, required=True, help="the gate's --summary file")
     sub.add_argument("--out", type=Path, default=Path("report"))
-    sub.set_defaults(func=compare)
-    sub = steps.add_parser("promote", help="make a run this machine's baseline")
+    sub.set_defaults(func=publish)
+    sub = steps.add_parser("promote", help="make a commit this machine's baseline")
     sub.add_argument("--data")
-    sub.add_argument("--run", type=valid_run_id, required=True)
-    sub.add_argument("--suite", help="suite name or file to check the run against (default: the run's suite)")
+    sub.add_argument("--commit", required=True, help="a commit (any git ref) of this repository")
     sub.add_argument("--first-night", action="store_true", help="only when the machine has no baseline yet")
     sub.set_defaults(func=promote)
-    sub = steps.add_parser("keep-logs", help="copy the run's logs next to the report")
+    sub = steps.add_parser("keep-logs", help="copy the gate's runs' logs next to the report")
     sub.add_argument("--data")
-    sub.add_argument("--run", type=valid_run_id, required=True)
+    sub.add_argument("--summary", type=Path, required=True, help="the gate's --summary file")
     sub.add_argument("--into", type=Path, required=True)
     sub.set_defaults(func=keep_logs)
     sub = steps.add_parser("gate", help="fail the job on any failed step, a regression or a refused comparison")

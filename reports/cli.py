@@ -89,3 +89,29 @@ def print_verdicts(console, verdicts) -> None:
             Text("; ".join(text for text in (grew, verdict.reason) if text)),
         )
     console.print(table)
+
+
+def print_gate(console, found, plan) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from reports import gate
+    from reports.formatting import fmt_change, fmt_detectable
+    from reports.verdicts import fmt_interval
+
+    colors = {gate.REGRESSED: "bold red", gate.PASSED: "green", gate.NOT_CONFIRMED: "yellow",
+              gate.UNMEASURED: "magenta", gate.SKIPPED: "dim"}
+    table = Table(title="gate: did any point get slower?")
+    for column in ("point", "status", "screen (pairs)", "pair noise", "confirmation (pairs)", "detects"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("note", overflow="fold")
+    for verdict in found:
+        screen, sps = verdict.screen, verdict.confirmation.sps if verdict.confirmation else None
+        table.add_row(
+            Text(verdict.point), Text(verdict.status, style=colors.get(verdict.status, "")),
+            f"{fmt_change(screen.estimate)} ({screen.quiet}/{screen.pairs})" if screen.quiet else "–",
+            f"{screen.spread:.1%}" if screen.quiet > 1 else "–",
+            f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate})" if sps else "–",
+            fmt_detectable(gate.detectable(plan, screen.spread)),
+            Text(verdict.note or screen.reason))
+    console.print(table)

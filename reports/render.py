@@ -12,7 +12,11 @@ from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, 
 from reports.page import Report, Section, write_report
 from reports.rundata import RunData, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
-from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point, tally
+from reports import gate
+from reports.history import MIN_OFFSET_RUNS, offset_text, suite_offset
+from reports.sequential import FUTILITY_ALPHA, Design, paired_design
+from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_pairs,
+                              judge_point, tally)
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
 from rlperf.errors import BadInput
 from rlperf.machine import comparability_differences
@@ -45,8 +49,13 @@ def run_header(run: RunData) -> str:
 
 
 def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: RunData, threshold: float,
-                    alpha: float) -> Section:
-    text = [f"Baseline: {run_header(baseline)}.", verdict_rule_text(threshold, alpha)]
+                    alpha: float, design: Design | None = None) -> Section:
+    rule = paired_rule_text(design) if design is not None else verdict_rule_text(threshold, alpha)
+    text = [f"Baseline: {run_header(baseline)}.", rule]
+    if design is None and candidate.store_path == baseline.store_path:
+        offset, counted = suite_offset(candidate.store_path, candidate.suite, candidate.info["machine_key"])
+        if counted >= MIN_OFFSET_RUNS:
+            text.append(offset_text(offset, counted))
     if baseline.info["machine_key"] != candidate.info["machine_key"]:
         differences = comparability_differences(baseline.fingerprint, candidate.fingerprint)
         text.append("Warning: the baseline was measured on another machine (--allow-cross-machine): "
@@ -65,10 +74,38 @@ def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: 
             "change": f"{fmt_change(sps.relative)} {fmt_interval(sps)}" if sps else "–",
             "p beyond ±threshold": fmt_p(sps.p_value) if sps else "–",
             "detects": fmt_detectable(verdict.detectable) if sps else "–",
-            "repeats (base/new)": f"{sps.n_baseline}/{sps.n_candidate}" if sps else "–",
+            ("quiet pairs" if design else "repeats (base/new)"):
+                (str(sps.n_candidate) if design else f"{sps.n_baseline}/{sps.n_candidate}") if sps else "–",
             "phases that grew": grew, "phases that shrank": shrank, "note": verdict.reason,
         })
     return Section("Verdict against the baseline", text, [pd.DataFrame(rows)])
+
+
+def gate_section(found: list[gate.GateVerdict], plan: gate.GatePlan, baseline: RunData) -> Section:
+    design = plan.confirmation(len([v for v in found if v.confirmation is not None]) or 1)
+    text = [f"Baseline: {run_header(baseline)}, measured in the same job.",
+            f"The gate measured both commits in pairs of processes, in an order drawn at random inside each pair. "
+            f"Screen: every point {plan.screen_pairs} pairs; a point whose pairs' estimate is slower than "
+            f"{plan.screen_at:.0%} is a suspect. Confirm: the {plan.max_suspects} slowest suspects at most, each in "
+            f"fresh pairs judged sequentially at alpha / suspects (looks at "
+            f"{', '.join(map(str, design.looks))} quiet pairs here), so the chance of flagging any point on a night "
+            f"where nothing got slower is at most {plan.alpha:g}. 'detects' is the smallest slowdown the gate flags "
+            f"95% of the time at the point's measured pair noise, when it is the night's only suspect.",
+            gate.conclusion(found)]
+    rows = []
+    for verdict in found:
+        screen, confirmation = verdict.screen, verdict.confirmation
+        sps = confirmation.sps if confirmation is not None else None
+        rows.append({
+            "point": verdict.point, "status": verdict.status,
+            "screen": f"{fmt_change(screen.estimate)} ({screen.quiet}/{screen.pairs} pairs)"
+            if np.isfinite(screen.estimate) else "–",
+            "pair noise": f"{screen.spread:.1%}" if np.isfinite(screen.spread) else "–",
+            "confirmation": f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate} pairs)" if sps else "–",
+            "detects": fmt_detectable(gate.detectable(plan, screen.spread)),
+            "note": verdict.note or screen.reason,
+        })
+    return Section("Gate: did any point get slower?", text, [pd.DataFrame(rows)])
 
 
 def verdict_rule_text(threshold: float, alpha: float) -> str:
@@ -78,7 +115,23 @@ def verdict_rule_text(threshold: float, alpha: float) -> str:
             f"claim survives Benjamini–Hochberg over all compared points at {alpha:g}. Unchanged: the whole "
             f"interval lies within ±{threshold:.0%}. Inconclusive: neither; the note says why and about how many "
             f"repeats a side would decide it. Repeats run on a contended machine are left out. 'detects' is the "
-            f"smallest slowdown these repeats would catch 95% of the time, given their noise.")
+            f"smallest slowdown these repeats would catch 95% of the time, given their noise, at the level a lone "
+            f"regression among these points must reach. The two runs were measured apart: the rule assumes they "
+            f"differ by nothing but the code, so a slow night reads as a change of every point. To gate on a "
+            f"change, measure both commits in one job, in pairs (`rlperf gate`, `rlperf bench --against`).")
+
+
+def paired_rule_text(design: Design) -> str:
+    looks = ", ".join(str(count) for count in design.looks)
+    side = "slower or faster" if design.sides == 2 else "slower"
+    return (f"The two runs were measured in pairs of processes, one of each in an order drawn at random, and are "
+            f"judged by the design stored with them: each point's pairs are looked at after {looks} quiet pairs; "
+            f"a point is {side} when the exact signed-rank test of the pairs' log ratios meets its look's level "
+            f"(alpha {design.alpha:.3g} per point over every look) and the estimate lies beyond "
+            f"±{design.threshold:.0%}; it stops as not slower (unchanged when also not faster) when the "
+            f"{1 - 2 * FUTILITY_ALPHA:.0%} interval lies above −{design.threshold:.0%}. The change shown is "
+            f"corrected for stopping early, with its interval; a pair is left out when either of its processes ran "
+            f"on a contended machine.")
 
 
 def sps_section(table: pd.DataFrame) -> Section:
@@ -354,9 +407,20 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
     table = point_table(candidate)
     verdicts: list[PointVerdict] = []
     sections: list[Section | None] = []
-    if baseline is not None:
-        verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold, alpha)
-        sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha))
+    gate_plan = gate.screen_pair_plan(candidate, baseline) if baseline is not None else None
+    if gate_plan is not None:
+        found = gate.stored_verdicts(candidate, baseline, gate_plan)
+        verdicts = gate.as_point_verdicts(found)
+        sections.append(gate_section(found, gate_plan, baseline))
+    elif baseline is not None:
+        design = paired_design(candidate.fingerprint, baseline.run_id) \
+            if candidate.store_path == baseline.store_path else None
+        if design is not None:
+            verdicts = judge_pairs(candidate.points, candidate.samples, baseline.points, baseline.samples, design)
+        else:
+            verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold,
+                             alpha)
+        sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha, design))
     if not table.empty:
         sections += [sps_section(table), quiet_section(candidate), phase_section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),

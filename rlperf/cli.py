@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "selfcheck": ("reference_trainer.selfcheck", "check that injected delays land in the right phase"),
     "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
     "bisect": ("benches.bisect", "find the first commit between GOOD and BAD at which a point got slower"),
+    "gate": ("benches.gate", "did any point of a suite get slower than at a baseline commit? both measured now"),
+    "confirm": ("benches.confirm", "measure the commits either side of each change point again, in pairs"),
     "collectives": ("benches.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
     "report": ("reports.cli", "render a report and regression verdicts from stored results"),
     "compare": ("reports.compare_cli", "compare two machines' results side by side"),

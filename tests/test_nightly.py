@@ -1,7 +1,7 @@
 """The nightly workflow's steps (benches/nightly.py) on a real small store: a CPU sweep of a suite named
 `nightly`, plus runs written beside it that failed, skipped, missed points, were interrupted, or came from
-another suite or machine. What the job must never do: report an older run as tonight's, promote a run
-that did not measure everything, lose the comparison's status, or pass when something failed."""
+another suite or machine. What the job must never do: report an older run as tonight's, pass a run that did not
+measure everything, lose the gate's status, promote something that is no commit, or pass when a step failed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from benches import nightly
+from benches.gate import write_summary
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
 SUITE = """
@@ -121,90 +122,92 @@ def test_check_run_passes_a_whole_run_and_names_what_a_partial_one_lacks(night, 
     assert step("check-run", "--store", store, "--run", "") == 2  # an empty run id is refused
 
 
-def test_compare_writes_its_status_first_and_reports_against_the_baseline(night, tmp_path, monkeypatch):
-    data, _, _, run_id = copy_data(night, tmp_path)
-    output, summary = tmp_path / "output", tmp_path / "summary.md"
-    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    assert step("compare", "--data", str(data), "--run", run_id, "--out", str(tmp_path / "report")) == 0
-    assert output.read_text() == "status=0\n"
-    assert "No baseline on this machine yet" in summary.read_text() and run_id in summary.read_text()
-    assert (tmp_path / "report" / "history" / "report.html").is_file()
+def gate_summary(data, run_id, tmp_path, exit_code=0):
+    """What `rlperf gate --summary` leaves, around the fixture's real run and its rendered report."""
+    report = tmp_path / "gate-report"
+    assert rlperf("report", f"{data / 'results.sqlite'}::{run_id}", "--out", str(report)).returncode == 0
+    summary = tmp_path / "gate.json"
+    write_summary(summary, {"store": str(data / "results.sqlite"), "runs": {"screen_ref": run_id, "screen_new": run_id},
+                            "baseline": "HEAD", "report": str(report), "exit_code": exit_code,
+                            "conclusion": "gate: no point got slower (2 points, 0 skipped, 0 suspects not confirmed)",
+                            "points": []})
+    return summary
 
-    earlier = add_run(data, run_id, [({"num_envs": 8}, "ok"), ({"num_envs": 16}, "ok")])
-    (data / "baseline").write_text(earlier + "\n")
+
+def test_publish_writes_the_gates_status_first_then_the_summary_and_history(night, tmp_path, monkeypatch):
+    data, _, _, run_id = copy_data(night, tmp_path)
+    output, job_summary = tmp_path / "output", tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(job_summary))
+    summary = gate_summary(data, run_id, tmp_path, exit_code=3)
+    assert step("publish", "--data", str(data), "--summary", str(summary), "--out", str(tmp_path / "report")) == 0
+    assert output.read_text() == f"status=3\nrun_id={run_id}\n"
+    assert job_summary.read_text().startswith("gate: no point got slower")
+    assert (tmp_path / "report" / "report.md").is_file()
+    assert (tmp_path / "report" / "history" / "report.html").is_file()
+    # a job summary that cannot be written must not lose the gate's status
     output.unlink()
-    # a job summary that cannot be written must not lose the comparison's status
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
     with pytest.raises(IsADirectoryError):
-        step("compare", "--data", str(data), "--run", run_id, "--out", str(tmp_path / "again"))
-    assert output.read_text() == "status=0\n"
-    assert f"Baseline: run {earlier}" in (tmp_path / "again" / "report.md").read_text()
-    # a comparison the report refuses (here: the run against itself) is a status too, not a lost one
-    (data / "baseline").write_text(run_id + "\n")
-    output.unlink()
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    assert step("compare", "--data", str(data), "--run", run_id, "--out", str(tmp_path / "self")) == 0
-    assert output.read_text() == "status=2\n"
+        step("publish", "--data", str(data), "--summary", str(summary), "--out", str(tmp_path / "again"))
+    assert output.read_text() == f"status=3\nrun_id={run_id}\n"
+    # a gate that left nothing readable (killed, say) is a failed step, not a pass
+    assert step("publish", "--data", str(data), "--summary", str(tmp_path / "missing.json")) == 1
 
 
-def test_promote_takes_only_a_whole_nightly_run_of_this_machine(night, tmp_path, capsys, monkeypatch):
-    data, suite, _, run_id = copy_data(night, tmp_path)
+def test_promote_takes_only_a_commit_and_the_first_night_once(night, tmp_path, capsys, monkeypatch):
+    data, _, _, run_id = copy_data(night, tmp_path)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    promote = ["promote", "--data", str(data), "--suite", str(suite), "--run"]
-    other_suite = add_run(data, run_id, [({"num_envs": 8}, "ok"), ({"num_envs": 16}, "ok")], suite="smoke")
-    other_machine = add_run(data, run_id, [({"num_envs": 8}, "ok"), ({"num_envs": 16}, "ok")], key="0" * 16)
-    failed = add_run(data, run_id, [({"num_envs": 8}, "ok"), ({"num_envs": 16}, "timeout")])
-    for refused, why in ((other_suite, "is of suite 'smoke'"), (other_machine, "on another machine"),
-                         (failed, '{"num_envs":16}: timeout')):
-        assert step(*promote, refused, "--first-night") == 1
-        assert why in capsys.readouterr().out
-        assert not (data / "baseline").exists()
-    assert step(*promote, "20990101T000000-nightly-000000") == 1  # not in the store
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    parent = subprocess.run(["git", "rev-parse", "HEAD~1"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert step("promote", "--data", str(data), "--commit", "no-such-ref-x") == 1
+    assert "commit: 'no-such-ref-x' is not a commit" in capsys.readouterr().out
     assert not (data / "baseline").exists()
-
-    assert step(*promote, run_id, "--first-night") == 0
-    assert (data / "baseline").read_text() == run_id + "\n"
-    assert f"Baseline of this machine: none -> {run_id}" in capsys.readouterr().out
-    # the first night happens once: a later --first-night keeps the baseline
-    later = add_run(data, run_id, [({"num_envs": 8}, "ok"), ({"num_envs": 16}, "ok")])
-    assert step(*promote, later, "--first-night") == 0
-    assert (data / "baseline").read_text() == run_id + "\n"
-    # promoting by hand replaces it, under the same checks
-    assert step(*promote, later) == 0
-    assert (data / "baseline").read_text() == later + "\n"
-    assert step(*promote, failed) == 1 and (data / "baseline").read_text() == later + "\n"
+    assert step("promote", "--data", str(data), "--commit", "HEAD~1", "--first-night") == 0
+    assert (data / "baseline").read_text() == parent + "\n"
+    assert f"Baseline of this machine: none -> {parent}" in capsys.readouterr().out
+    assert step("promote", "--data", str(data), "--commit", "HEAD", "--first-night") == 0
+    assert (data / "baseline").read_text() == parent + "\n"  # the first night happens once
+    assert step("promote", "--data", str(data), "--commit", "HEAD") == 0
+    assert (data / "baseline").read_text() == head + "\n"
 
 
-def test_locate_and_keep_logs_never_name_the_whole_store(night, tmp_path, capsys, monkeypatch):
+def test_locate_names_the_baseline_commit_and_keep_logs_only_the_gates_runs(night, tmp_path, capsys, monkeypatch):
     data, _, _, run_id = copy_data(night, tmp_path)
     assert step("locate", "--data", str(data)) == 0
     assert capsys.readouterr().out.splitlines() == [f"DATA={data}"]
+    # a baseline written when baselines were runs names the commit of that run
     (data / "baseline").write_text(run_id + "\n")
     monkeypatch.setenv("RLPERF_DATA", str(data))
+    with Store.open(data / "results.sqlite", readonly=True) as store:
+        commit = store.runs().set_index("run_id").loc[run_id, "git_commit"]
     assert step("locate") == 0
-    assert capsys.readouterr().out.splitlines() == [f"DATA={data}", f"BASELINE={data / 'results.sqlite'}::{run_id}"]
+    assert capsys.readouterr().out.splitlines() == [f"DATA={data}", f"BASELINE={commit}"]
 
-    assert step("keep-logs", "--data", str(data), "--run", run_id, "--into", str(tmp_path / "logs")) == 0
-    kept = {path.name for path in (tmp_path / "logs" / "points").rglob("repeat-*.log")}
+    summary = gate_summary(data, run_id, tmp_path)
+    assert step("keep-logs", "--data", str(data), "--summary", str(summary), "--into", str(tmp_path / "logs")) == 0
+    kept = {path.name for path in (tmp_path / "logs").rglob("repeat-*.log")}
     assert kept == {"repeat-0.log"} and not (tmp_path / "logs" / "results.sqlite").exists()
     for bad in ("", "..", "/", "x/../..", "*"):
-        assert step("keep-logs", "--data", str(data), "--run", bad, "--into", str(tmp_path / "bad")) == 2
+        forged = tmp_path / "forged.json"
+        forged.write_text(summary.read_text().replace(f'"screen_ref": "{run_id}"', f'"screen_ref": "{bad}"'))
+        assert step("keep-logs", "--data", str(data), "--summary", str(forged), "--into", str(tmp_path / "bad")) == 1
     assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("status, steps, errors", [
-    ("0", ["torch=success", "bench=success", "check=success", "gpu_tests=success"], []),
-    ("1", ["bench=success"], ["a point regressed"]),
-    ("2", ["bench=success"], ["could not compare"]),
-    ("", ["bench=success"], ["could not compare the runs (status not written)"]),
-    ("0", ["bench=failure", "check=skipped", "gpu_tests=success"], ["the sweep itself failed",
-                                                                    "did not measure every point"]),
+    ("0", ["torch=success", "publish=success", "check=success", "gpu_tests=success"], []),
+    ("1", ["publish=success"], ["a point regressed"]),
+    ("3", ["publish=success"], ["could not measure every point"]),
+    ("2", ["publish=success"], ["the gate did not finish (status 2)"]),
+    ("", ["publish=failure"], ["the gate did not finish (status not written)", "left no outcome to publish"]),
+    ("0", ["check=failure", "gpu_tests=success"], ["did not measure every point"]),
     ("0", ["torch=failure"], ["torch does not see CUDA"]),
     ("0", ["gpu_tests=failure"], ["a GPU correctness test failed"]),
 ])
-def test_gate_fails_on_every_failed_step_regression_or_refusal(status, steps, errors, capsys):
-    argv = ["gate", "--status", status, "--baseline", "store::run"]
+def test_gate_fails_on_every_failed_step_regression_or_unmeasured_point(status, steps, errors, capsys):
+    argv = ["gate", "--status", status, "--baseline", "abc1234"]
     for item in steps:
         argv += ["--step", item]
     assert step(*argv) == (1 if errors else 0)

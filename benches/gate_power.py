@@ -1,0 +1,126 @@
+"""How often does the gate cry wolf, and how often does it catch a slowed point? Measured by simulation through
+the gate's own code.
+
+`python -m benches.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/gate.py's
+Night (the screen, the choice of suspects, the sequential confirmation; reports/gate.py's rules, judged from the
+frames the store would hold) over many nights of a simulated machine (benches/simulated.py): heavy-tailed process
+noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
+contended processes some of which the monitor misses. Half the nights change nothing, so any `regressed`
+verdict is a false night; on the other half one point, drawn anew each night, is slowed by `--slowdown`, and a
+night is caught when that point is `regressed` (which fails the job). Rates come with 95% Clopper-Pearson
+intervals (scipy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from benches import suite as suites
+from benches.gate import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, SIDES, Night
+from benches.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from reports import gate as rules
+from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.arguments import DEFAULT_MAX_REPEATS
+
+NOISES = {"gpu": GPU_RUNNER}
+
+
+def rate(hits: int, trials: int) -> dict:
+    low, high = stats.binomtest(hits, trials).proportion_ci(0.95) if trials else (np.nan, np.nan)
+    return {"rate": hits / trials if trials else np.nan, "low": low, "high": high, "hits": hits, "trials": trials}
+
+
+def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
+             seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    order = random.Random(seed)
+    machine = SimulatedMachine(noise, rng)
+    scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
+    night = Night(plan, say=lambda text: None, rng=order)
+    outcome = {"null": Counter(), "slowed": Counter()}
+    processes = {"null": [], "slowed": []}
+    for index in range(nights):
+        kind = "slowed" if index % 2 else "null"
+        machine.new_night()
+        slowed = points[rng.integers(len(points))] if kind == "slowed" else None
+        machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
+        count = [0]
+
+        def record(stage: str, side: str, point_record) -> None:
+            count[0] += len(point_record.samples)
+
+        found = night.run(points, lambda stage: {side: machine.runner(side, scratch) for side in SIDES}, record,
+                          lambda point: None, lambda point: [], BUDGET_S)
+        processes[kind].append(count[0])
+        by_point = {verdict.screen.point_key: verdict for verdict in found}
+        regressed = [v for v in found if v.status == rules.REGRESSED]
+        exit_code = rules.exit_code(found)
+        tally = outcome[kind]
+        tally["nights"] += 1
+        tally["job failed"] += exit_code != rules.EXIT_PASSED
+        tally["could not measure"] += exit_code == rules.EXIT_UNMEASURED
+        tally["suspects"] += sum(v.confirmation is not None for v in found)
+        if slowed is None:
+            tally["false night"] += bool(regressed)
+            tally["false claims"] += len(regressed)
+        else:
+            caught = by_point[slowed.key].status == rules.REGRESSED
+            tally["caught"] += caught
+            tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
+            tally["others claimed"] += sum(v.screen.point_key != slowed.key for v in regressed)
+            if caught:
+                tally["estimate sum"] += by_point[slowed.key].confirmation.sps.relative
+    null, bad = outcome["null"], outcome["slowed"]
+    return {
+        "false night": rate(null["false night"], null["nights"]),
+        "null night failed (any cause)": rate(null["job failed"], null["nights"]),
+        "null night could not measure": rate(null["could not measure"], null["nights"]),
+        "caught and the job failed": rate(bad["caught and failed"], bad["nights"]),
+        "caught": rate(bad["caught"], bad["nights"]),
+        "other points claimed on bad nights": rate(bad["others claimed"], bad["nights"] * (len(points) - 1)),
+        "suspects confirmed per null night": null["suspects"] / max(1, null["nights"]),
+        "processes per null night": float(np.mean(processes["null"])),
+        "processes per bad night": float(np.mean(processes["slowed"])),
+        "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="nightly", help="the suite whose points are simulated (default nightly)")
+    parser.add_argument("--points", type=int, help="simulate only the first N points of the suite")
+    parser.add_argument("--noise", default="gpu", help="gpu, or process=0.06,drift=0.6,night=0.03,... "
+                                                       "(benches/simulated.Noise fields)")
+    parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
+    parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
+    parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    noise = NOISES.get(args.noise) or Noise(**{k: float(v) for k, v in
+                                               (item.split("=") for item in args.noise.split(","))})
+    points = list(suites.load(args.suite).points)[:args.points]
+    plan = rules.GatePlan(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, screen_pairs=args.screen_pairs,
+                          screen_at=DEFAULT_THRESHOLD, max_suspects=MAX_SUSPECTS, max_pairs=DEFAULT_MAX_REPEATS,
+                          min_quiet=MIN_QUIET)
+    started = time.monotonic()
+    results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed)
+    results = {"suite": args.suite, "points": len(points), "noise": asdict(noise), "slowdown": args.slowdown,
+               "plan": plan.to_dict(), "seconds": time.monotonic() - started, **results}
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""The gate's verdicts: did any point of a suite get slower than at a baseline commit, measured tonight?
+
+The gate measures both commits in one job, in pairs of processes (benches/gate.py), in two stages:
+
+1. Screen: every point gets a few quiet pairs (`screen_pairs`; a pair with a contended process is made up
+   for, up to twice as many pairs). A point whose pairs' Hodges-Lehmann estimate is slower than `screen_at`
+   becomes a suspect. No claim is made here, so this stage needs no level at all and costs a few processes a
+   point.
+2. Confirm: each suspect, worst first and at most `max_suspects` of them, gets fresh pairs judged by a
+   one-sided sequential design (reports/sequential.py) at alpha / suspects.
+
+Why two stages. A claim about one point among many must reach alpha / points, and pairs reach a level only
+after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one could be
+flagged. Confirming only the suspects shrinks the family to the few points that looked slower. The screen's
+data are not reused, so however the suspects were chosen, each confirmation's false-claim chance is at most
+alpha / suspects given them, and the chance of any false claim in the night at most alpha.
+
+Why pairs. Both commits meet the same night, so a slow night slows both sides of every pair alike; with the
+order inside each pair drawn at random the confirmation's test is exact whatever the machine does. Runs of two
+nights compared as if exchangeable cry wolf on every slow night (about a quarter of 56-point nights, with 3%
+night offsets and 2% process noise).
+
+A point is `regressed` (the job fails), `passed` (not a suspect), `not confirmed` (a suspect that confirmation
+showed not slower, or left undecided: reported, never failed), `could not measure` (a process failed, or too
+few quiet pairs to judge: the job fails with its own exit code rather than pass silently) or `skipped` (the
+machine cannot run it, e.g. more GPUs than it has).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from reports import sequential
+from reports.rundata import RunData, load_run
+from reports.verdicts import PointVerdict, contention_note, judge_pair_point, match_key, pairs_of
+from rlperf.store import Store, point_label
+
+GATE = "gate"
+REGRESSED, PASSED, NOT_CONFIRMED, UNMEASURED, SKIPPED = ("regressed", "passed", "not confirmed",
+                                                          "could not measure", "skipped")
+EXIT_PASSED, EXIT_REGRESSED, EXIT_UNMEASURED = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class GatePlan:
+    """How a gate decides; stored with its runs, so a report judges them as the gate did."""
+
+    threshold: float
+    alpha: float
+    screen_pairs: int
+    screen_at: float  # a suspect's screen estimate is slower than this fraction
+    max_suspects: int
+    max_pairs: int  # of one suspect's confirmation
+    min_quiet: int  # quiet screen pairs a point needs to be judged at all
+
+    def confirmation(self, suspects: int) -> sequential.Design:
+        return sequential.Design.plan(self.max_pairs, self.alpha / max(1, suspects), sides=1,
+                                      threshold=self.threshold)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GatePlan":
+        return cls(**data)
+
+
+@dataclass
+class Screened:
+    """One point after the screen."""
+
+    key: str  # match key: the point across runs
+    point_key: str
+    label: str
+    status: str  # "ok", "failed" or "skipped" (the stored point's)
+    reason: str = ""
+    pairs: int = 0
+    quiet: int = 0
+    estimate: float = math.nan  # relative change, Hodges-Lehmann of the quiet pairs' log ratios
+    spread: float = math.nan  # robust SD of those log ratios
+    suspect: bool = False
+
+
+@dataclass
+class GateVerdict:
+    point: str
+    status: str
+    screen: Screened
+    confirmation: PointVerdict | None = None
+    note: str = ""
+
+
+def screen_point(key: str, candidate: pd.Series, baseline: pd.Series, cand_rows: pd.DataFrame,
+                 base_rows: pd.DataFrame, plan: GatePlan) -> Screened:
+    label = point_label(candidate["point_key"])
+    screened = Screened(key, candidate["point_key"], label, candidate["status"])
+    if candidate["status"] != "ok" or baseline["status"] != "ok":
+        failed = candidate if candidate["status"] != "ok" else baseline
+        screened.status = failed["status"]
+        screened.reason = (failed["reason"] or "no reason given").strip().splitlines()[0]
+        return screened
+    pairs = pairs_of(cand_rows, base_rows)
+    quiet = pairs[~pairs["contended_ref"] & ~pairs["contended_new"]]
+    screened.pairs, screened.quiet = len(pairs), len(quiet)
+    screened.reason = contention_note(pairs)
+    if len(quiet):
+        ratios = np.log(quiet["sps_new"].to_numpy(float)) - np.log(quiet["sps_ref"].to_numpy(float))
+        screened.estimate = math.expm1(sequential.hodges_lehmann(ratios))
+        screened.spread = sequential.pair_spread(ratios)
+    screened.suspect = screened.quiet >= plan.min_quiet and screened.estimate < -plan.screen_at
+    return screened
+
+
+def screen(new_points: pd.DataFrame, new_samples: pd.DataFrame, ref_points: pd.DataFrame,
+           ref_samples: pd.DataFrame, plan: GatePlan) -> list[Screened]:
+    """Every point of the screen's two runs, in the suite's order."""
+    refs = {match_key(row["point_key"], row["config"]): row for _, row in ref_points.iterrows()}
+    found = []
+    for _, row in new_points.iterrows():
+        key = match_key(row["point_key"], row["config"])
+        ref = refs.get(key, row)
+        found.append(screen_point(key, row, ref, new_samples[new_samples["point_key"] == row["point_key"]],
+                                  ref_samples[ref_samples["point_key"] == ref["point_key"]], plan))
+    return found
+
+
+def suspects(screened: list[Screened], plan: GatePlan) -> list[Screened]:
+    """The suspects the gate confirms: the slowest first, at most `max_suspects`."""
+    return sorted((s for s in screened if s.suspect), key=lambda s: s.estimate)[:plan.max_suspects]
+
+
+def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan: GatePlan) -> list[GateVerdict]:
+    """One verdict per screened point; `confirmed` maps a suspect's key to its confirmation's verdict (judged
+    by `plan.confirmation(len(confirmed))`), as far as it got."""
+    chosen = {s.key for s in suspects(screened, plan)}
+    design = plan.confirmation(len(chosen))
+    out = []
+    for point in screened:
+        verdict = GateVerdict(point.label, PASSED, point)
+        if point.status == "skipped":
+            verdict.status, verdict.note = SKIPPED, point.reason
+        elif point.status != "ok":
+            verdict.status, verdict.note = UNMEASURED, f"{point.status}: {point.reason}"
+        elif point.quiet < plan.min_quiet:
+            verdict.status = UNMEASURED
+            verdict.note = (f"too few quiet pairs: {point.quiet} of {point.pairs} (at least {plan.min_quiet}); "
+                            f"the others ran on a contended machine")
+        elif point.key in chosen:
+            confirm_point(verdict, confirmed.get(point.key), design)
+        elif point.suspect:
+            verdict.status = NOT_CONFIRMED
+            verdict.note = f"a suspect beyond the {plan.max_suspects} slowest, which the gate confirms"
+        out.append(verdict)
+    return out
+
+
+def confirm_point(verdict: GateVerdict, confirmation: PointVerdict | None, design: sequential.Design) -> None:
+    verdict.confirmation = confirmation
+    if confirmation is None:
+        verdict.status, verdict.note = UNMEASURED, "a suspect whose confirmation was not measured"
+    elif confirmation.status == "failed":
+        verdict.status, verdict.note = UNMEASURED, f"confirmation failed: {confirmation.reason}"
+    elif confirmation.status == sequential.REGRESSED:
+        verdict.status, verdict.note = REGRESSED, confirmation.reason
+    elif confirmation.decision is not None and confirmation.decision.pairs < design.looks[0] \
+            and confirmation.status == sequential.INCONCLUSIVE:
+        verdict.status = UNMEASURED
+        verdict.note = (f"confirmation reached {confirmation.decision.pairs} quiet pairs, short of its first look "
+                        f"at {design.looks[0]}: {confirmation.reason}")
+    else:
+        verdict.status = NOT_CONFIRMED
+        verdict.note = f"confirmation: {confirmation.status}; {confirmation.reason}".rstrip("; ")
+
+
+def conclusion(found: list[GateVerdict]) -> str:
+    """The gate's last line: what failed it, or that nothing did."""
+    def named(status: str) -> list[GateVerdict]:
+        return [v for v in found if v.status == status]
+
+    if named(REGRESSED):
+        return "gate: regressed: " + "; ".join(
+            f"{v.point} {v.confirmation.sps.relative:+.1%}" for v in named(REGRESSED))
+    if named(UNMEASURED):
+        return f"gate: could not measure {len(named(UNMEASURED))} points: " + "; ".join(
+            f"{v.point} ({v.note})" for v in named(UNMEASURED))
+    confirmed = [v for v in found if v.confirmation is not None]
+    return (f"gate: no point got slower ({len(found)} points, {len(named(SKIPPED))} skipped, "
+            f"{len(confirmed)} suspects not confirmed)")
+
+
+def summary_row(verdict: GateVerdict) -> dict:
+    """One point's verdict as plain data (the gate's --summary)."""
+    confirmation = verdict.confirmation
+    sps = confirmation.sps if confirmation is not None else None
+    finite = (lambda value: value if value is not None and math.isfinite(value) else None)
+    return {"point": verdict.point, "status": verdict.status, "note": verdict.note,
+            "screen": {"estimate": finite(verdict.screen.estimate), "quiet_pairs": verdict.screen.quiet,
+                       "pairs": verdict.screen.pairs, "pair_spread": finite(verdict.screen.spread)},
+            "confirmation": None if sps is None else {
+                "estimate": finite(sps.relative), "low": finite(sps.low), "high": finite(sps.high),
+                "quiet_pairs": sps.n_candidate, "status": confirmation.status}}
+
+
+def as_point_verdicts(found: list[GateVerdict]) -> list[PointVerdict]:
+    """The gate's verdicts in the report's terms: each point's status, with its confirmation's change."""
+    out = []
+    for verdict in found:
+        confirmation = verdict.confirmation
+        out.append(PointVerdict(verdict.screen.key, verdict.point, verdict.status, verdict.note,
+                                sps=confirmation.sps if confirmation else None,
+                                decision=confirmation.decision if confirmation else None))
+    return out
+
+
+# ---- a gate's runs in the store ----------------------------------------------------------------------------------
+
+def screen_pair_plan(candidate: RunData, baseline: RunData) -> GatePlan | None:
+    """The gate's plan when these are the working tree's and the baseline's screen runs of one gate."""
+    entry = candidate.fingerprint.get(GATE) or {}
+    if (entry.get("stage"), entry.get("side")) != ("screen", "new") or candidate.store_path != baseline.store_path \
+            or (entry.get("runs") or {}).get("screen_ref") != baseline.run_id:
+        return None
+    return GatePlan.from_dict(entry["plan"])
+
+
+def stored_verdicts(candidate: RunData, baseline: RunData, plan: GatePlan) -> list[GateVerdict]:
+    """The gate's verdicts rebuilt from its stored runs: the screen from these two, the confirmation from the
+    runs that name them."""
+    screened = screen(candidate.points, candidate.samples, baseline.points, baseline.samples, plan)
+    chosen = suspects(screened, plan)
+    confirmed: dict[str, PointVerdict] = {}
+    if chosen:
+        with Store.open(candidate.store_path, readonly=True) as store:
+            runs = store.runs()
+            sides = {}
+            for row in runs.itertuples():
+                entry = row.fingerprint.get(GATE) or {}
+                if entry.get("stage") == "confirm" and (entry.get("runs") or {}).get("screen_new") == candidate.run_id:
+                    sides[entry["side"]] = load_run(store, row.run_id)
+        design = plan.confirmation(len(chosen))
+        if set(sides) == {"ref", "new"}:
+            for suspect in chosen:
+                new, ref = (sides[side].samples[sides[side].samples["point_key"] == suspect.point_key]
+                            for side in ("new", "ref"))
+                statuses = {side: sides[side].points.set_index("point_key")["status"].get(suspect.point_key)
+                            for side in ("new", "ref")}
+                if None in statuses.values():
+                    continue
+                if set(statuses.values()) != {"ok"}:
+                    failed = next(side for side, status in statuses.items() if status != "ok")
+                    reason = sides[failed].points.set_index("point_key")["reason"].get(suspect.point_key) or ""
+                    confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "failed",
+                                                          (reason.strip().splitlines() or [""])[0])
+                elif len(new) and len(ref):
+                    confirmed[suspect.key] = judge_pair_point(new, ref, design, ended=True)
+    return verdicts(screened, confirmed, plan)
+
+
+def exit_code(found: list[GateVerdict]) -> int:
+    statuses = {v.status for v in found}
+    if REGRESSED in statuses:
+        return EXIT_REGRESSED
+    return EXIT_UNMEASURED if UNMEASURED in statuses else EXIT_PASSED
+
+
+# ---- what the gate can detect -----------------------------------------------------------------------------------
+
+def detectable(plan: GatePlan, spread: float, power: float = sequential.DETECTION_POWER) -> float:
+    """The smallest slowdown of one point that the gate flags with `power` when that point's pairs spread by
+    `spread` and it is the night's only suspect: it must be a suspect in the screen, then confirmed at alpha.
+    inf when no slowdown short of 99% is flagged that often."""
+    if not math.isfinite(spread) or spread <= 0:
+        return math.inf
+    design = plan.confirmation(1)
+    rounded = round(spread, 4)
+    return sequential.smallest_with_power(
+        lambda slowdown: screen_power(plan, rounded, slowdown) * sequential.claim_power(design, rounded, slowdown),
+        power)
+
+
+def screen_power(plan: GatePlan, spread: float, slowdown: float) -> float:
+    """The chance a point slower by `slowdown` becomes a suspect, its pairs spreading by `spread` (normal)."""
+    rng = np.random.default_rng(1)
+    pairs = math.log1p(-slowdown) + rng.standard_normal((sequential.DETECTION_DRAWS, plan.screen_pairs)) * spread
+    i, j = np.triu_indices(plan.screen_pairs)
+    estimates = np.median((pairs[:, i] + pairs[:, j]) / 2, axis=1)
+    return float(np.mean(estimates < math.log1p(-plan.screen_at)))

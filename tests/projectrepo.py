@@ -1,0 +1,55 @@
+"""A git repository holding this project's packages, for tests that measure commits (bisect, the gate): each
+runs `python -m rlperf` from the copy, so the repository searched and the code that searches it are the copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlperf.machine import REPO_ROOT
+
+PACKAGES = ("benches", "profilers", "reference_trainer", "reports", "rlperf")
+GIT_ENV = {"GIT_AUTHOR_NAME": "rlperf test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
+           "GIT_COMMITTER_NAME": "rlperf test", "GIT_COMMITTER_EMAIL": "test@example.invalid"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
+                          env={**os.environ, **GIT_ENV}).stdout.strip()
+
+
+def commit(repo: Path, subject: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", subject)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def note(repo: Path, line: str) -> None:
+    with open(repo / "NOTES.md", "a") as notes:
+        notes.write(line + "\n")
+
+
+def project_repo(root: Path) -> Path:
+    """A git repository holding this project's packages as they are in the working tree, in one commit."""
+    repo = root / "project"
+    for package in PACKAGES:
+        shutil.copytree(REPO_ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    # Verdicts leave out repeats run on a busy machine, and a shared test machine is busy: that rule is tested
+    # with the verdicts. In this history every repeat counts as quiet, so each step depends on the speeds.
+    with open(repo / "profilers" / "interference.py", "a") as monitor:
+        monitor.write("\n\ndef contention(account):\n    return []\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    git(repo, "init", "-q", "-b", "main")
+    note(repo, "# notes")
+    commit(repo, "Add the trainer")
+    return repo
+
+
+def rlperf(repo: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m rlperf` run from `repo`, so the repository searched and the code that searches it are the copy."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", "rlperf", *args], cwd=repo, capture_output=True, text=True,
+                          timeout=timeout, env={**env, "RLPERF_LOCK": str(repo.parent / "bench.lock")})

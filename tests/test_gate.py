@@ -1,0 +1,179 @@
+"""The gate (benches/gate.py, reports/gate.py): on the nightly suite's 56 points a lone slowed point is flagged and
+fails the job, a night that changed nothing passes whatever its offset, a point that could not be measured
+fails with its own code; and, on real trainer processes of a copy of this project, a delay planted in one
+point's code fails `rlperf gate` naming that point while the report rebuilt from the store says the same."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from projectrepo import commit, project_repo, rlperf
+
+from benches import suite as suites
+from benches.against import frames
+from benches.gate import SIDES, GateOptions, Night
+from benches.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from reports import gate as rules
+from reports.verdicts import judge
+from rlperf.store import PointRecord, Store, point_label
+
+NIGHTLY = list(suites.load("nightly").points)
+
+
+def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None = None, seed: int = 0,
+          skip=lambda point: None) -> list[rules.GateVerdict]:
+    plan = plan or GateOptions(suite="nightly", baseline="HEAD").plan()
+    recorded = {}
+
+    def record(stage, side, point_record):
+        recorded.setdefault((stage, side), []).append(point_record)
+
+    found = Night(plan, lambda text: None, random.Random(seed)).run(
+        points, lambda stage: {side: machine.runner(side, Path("/nonexistent")) for side in SIDES}, record, skip,
+        lambda point: [], budget_s=1e9)
+    night.recorded = recorded
+    return found
+
+
+def test_a_lone_point_slowed_by_ten_percent_among_56_fails_the_gate():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(5))
+    slowed = NIGHTLY[17]
+    machine.slowdowns = {("new", slowed.key): 0.10}
+    found = night(machine)
+    by_point = {verdict.screen.point_key: verdict for verdict in found}
+    assert by_point[slowed.key].status == rules.REGRESSED
+    assert -0.14 < by_point[slowed.key].confirmation.sps.relative < -0.06
+    assert [v for v in found if v.status == rules.REGRESSED] == [by_point[slowed.key]]
+    assert rules.exit_code(found) == rules.EXIT_REGRESSED
+    assert rules.conclusion(found).startswith(f"gate: regressed: {point_label(slowed.key)} -")
+
+
+def test_the_old_rule_could_not_flag_that_point():
+    """The same night judged as two runs of 5 repeats with Benjamini-Hochberg over 56 points: at 5 against 5 the
+    smallest p is 0.0079 and a lone claim needs 0.01 / 56, so the point is inconclusive whatever its size."""
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(5))
+    slowed = NIGHTLY[17]
+    machine.slowdowns = {("new", slowed.key): 0.5}
+    runs = {}
+    for side in SIDES:
+        runner = machine.runner(side, Path("/nonexistent"))
+        records = []
+        for point in NIGHTLY:
+            record = PointRecord(point.key, point.config, "ok", "now", 0.0)
+            for repeat in range(5):
+                record.samples.append((repeat, runner.run_repeat(point, repeat, Path("."), [], record)[2]))
+            records.append(record)
+        runs[side] = frames(records)
+    verdicts = {v.point: v for v in judge(*runs["new"], *runs["ref"])}
+    assert verdicts[point_label(slowed.key)].status == "inconclusive"
+
+
+def test_a_night_that_changed_nothing_passes_however_slow_the_night():
+    slow_night = Noise(process=0.02, drift=0.3, night=0.0, point_night=0.0)
+    for seed in range(3):
+        machine = SimulatedMachine(slow_night, np.random.default_rng(seed), base_sps=6_000.0)
+        machine.night_offset = -0.3  # the whole night 26% slower: both sides of every pair meet it
+        found = night(machine, seed=seed)
+        assert rules.exit_code(found) == rules.EXIT_PASSED, rules.conclusion(found)
+        assert all(v.status == rules.PASSED for v in found)
+
+
+def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
+    always = Noise(process=0.02, tail_df=None, contended=1.0, unflagged=0.0)
+    machine = SimulatedMachine(always, np.random.default_rng(1))
+    found = night(machine, points=NIGHTLY[:3])
+    assert rules.exit_code(found) == rules.EXIT_UNMEASURED
+    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 6") for v in found)
+    assert rules.conclusion(found).startswith("gate: could not measure 3 points")
+
+
+def test_skipped_points_neither_pass_nor_fail_the_night():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(2))
+    found = night(machine, points=NIGHTLY[:4], skip=lambda point: "needs 8 GPUs" if point is NIGHTLY[0] else None)
+    assert found[0].status == rules.SKIPPED and rules.exit_code(found) == rules.EXIT_PASSED
+
+
+def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(3))
+    slowdowns = (0.2, 0.25, 0.3, 0.35, 0.5, 0.6)  # the two slowest apart from the rest by far more than the noise
+    machine.slowdowns = {("new", point.key): slowdown for point, slowdown in zip(NIGHTLY, slowdowns)}
+    plan = GateOptions(suite="nightly", baseline="HEAD", max_suspects=2).plan()
+    found = night(machine, points=NIGHTLY[:8], plan=plan)
+    regressed = [v.screen.point_key for v in found if v.status == rules.REGRESSED]
+    assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest
+    assert sum(v.status == rules.NOT_CONFIRMED for v in found) == 4
+    assert found[5].confirmation.decision is not None and plan.confirmation(2).alpha == pytest.approx(0.005)
+
+
+def test_what_the_gate_detects_grows_with_the_noise():
+    plan = GateOptions(suite="nightly", baseline="HEAD").plan()
+    quiet, noisy = rules.detectable(plan, 0.028), rules.detectable(plan, 0.12)
+    assert plan.threshold < quiet < 0.12 < noisy < 0.6
+
+
+# ---- real trainer processes --------------------------------------------------------------------------------------
+
+THREE_POINTS = """
+description = "three tiny points"
+repeats = 3
+timeout_s = 300
+sample_hz = 0
+
+[fixed]
+env = "synthetic"
+horizon = 8
+minibatch_size = 64
+hidden_size = 32
+total_steps = 2048
+threads = 1
+
+[axes]
+num_envs = [16, 24, 32]
+"""
+# four learn steps an epoch, each 30 ms longer at num_envs=24 only: several times slower there, nowhere else
+PLANT = 'if cfg.num_envs == 24: __import__("time").sleep(0.03)  # planted: only this point waits'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
+    repo = project_repo(tmp_path)
+    (tmp_path / "three.toml").write_text(THREE_POINTS)
+    bad = rlperf(repo, "gate", "--suite", "missing.toml", "--baseline", "HEAD", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("rlperf gate: error: suite:")
+    train = repo / "reference_trainer" / "train.py"
+    source = train.read_text()
+    learn = re.compile(r'^([ \t]*)\S*timer\.enter\("learn"\)[ \t]*$', re.MULTILINE)
+    assert len(learn.findall(source)) == 1, "the learn step's timer call moved: update the plant's anchor"
+    train.write_text(learn.sub(lambda m: f"{m.group(0)}\n{m.group(1)}{PLANT}", source, count=1))
+    done = rlperf(repo, "gate", "--suite", str(tmp_path / "three.toml"), "--baseline", "HEAD", "--max-repeats", "12",
+                  "--out", "../out", timeout=880)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("gate: regressed: num_envs=24 -")
+    with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
+        runs = store.runs()
+        stages = {(f["gate"]["stage"], f["gate"]["side"]) for f in runs["fingerprint"]}
+        assert stages == {("screen", "ref"), ("screen", "new"), ("confirm", "ref"), ("confirm", "new")}
+        assert set(runs["status"]) == {"complete"}
+        screen_new = runs[[f["gate"] == {**f["gate"], "stage": "screen", "side": "new"} for f in runs["fingerprint"]]]
+        run_id = screen_new["run_id"].iloc[0]
+    report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
+    assert "Gate: did any point get slower?" in report and "gate: regressed: num_envs=24" in report
+    # the same runs shown again later: the same verdicts, from the store alone
+    ref_run = screen_new["fingerprint"].iloc[0]["gate"]["runs"]["screen_ref"]
+    again = rlperf(repo, "report", f"../out/results.sqlite::{run_id}", "--baseline",
+                   f"../out/results.sqlite::{ref_run}", "--out", "../again", timeout=120)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "gate: regressed: num_envs=24" in (tmp_path / "again" / "report.md").read_text()
+    # the same code on both sides passes (exit 0)
+    train.write_text(source)
+    commit(repo, "Keep the trainer as it was")
+    clean = rlperf(repo, "gate", "--suite", str(tmp_path / "three.toml"), "--baseline", "HEAD", "--max-repeats", "12",
+                   "--out", "../clean", timeout=880)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert json.dumps(clean.stdout.strip().splitlines()[-1]).startswith('"gate: no point got slower')
