@@ -1,0 +1,129 @@
+"""Which way of running trainer processes gives the most decisions per minute on this machine?
+
+`python -m benches.noise --rounds 12` measures one point (the synthetic env, LSTM-128, 64 envs, horizon 16) under
+several levers, each as pairs of back-to-back processes (as `--against` and the gate pair them), the levers
+taken in turn round after round so that drift over the run falls on all of them alike:
+
+- `default`: torch's threads (one per usable core); `one thread`: `threads = 1`;
+- `pinned`: one thread, the process pinned to one core (taskset);
+- `no aslr`: one thread, address-space randomization off (setarch -R);
+- `shorter`: one thread, half the steps (more, shorter processes);
+
+and inside every process a calibration kernel (a fixed fp32 matmul, timed before training) to see whether a
+process's luck shows in it: if it did, it could stand beside SPS as a control variate.
+
+Per lever: median steady SPS, the robust log SD of one process's SPS, the robust SD of a pair's log ratio (what
+the paired tests see), the correlation of a pair's two processes, seconds per pair, and decisions per minute
+relative to `default` (the pairs a decision needs scale with the pair variance, so decisions per minute scale
+with 1 / (pair variance x seconds per pair)); and the calibration kernel's correlation with SPS across processes
+and what adjusting by it would leave of the pair spread. Figures go to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+POINT = {"env": "synthetic", "hidden_size": 128, "num_envs": 64, "horizon": 16, "minibatch_size": 256,
+         "total_steps": 32768}
+CALIBRATION = (384, 30)  # matmul size and timed repetitions: about 0.1 s
+LEVERS = {
+    "default": ([], {}),
+    "one thread": ([], {"threads": 1}),
+    "pinned": (["taskset", "-c", "0"], {"threads": 1}),
+    "no aslr": (["setarch", platform.machine(), "-R"], {"threads": 1}),
+    "shorter": ([], {"threads": 1, "total_steps": POINT["total_steps"] // 2}),
+}
+
+
+def one_process(settings: dict) -> dict:
+    """Runs inside a fresh interpreter: the calibration kernel, then the trainer; prints SPS and GFLOP/s."""
+    import torch
+
+    from reference_trainer.config import from_dict
+    from reference_trainer.train import train
+
+    cfg = from_dict(settings)
+    torch.set_num_threads(cfg.threads or torch.get_num_threads())
+    size, repetitions = CALIBRATION
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - start)
+    summary = train(cfg)
+    return {"sps": summary["sps"], "calibration_gflops": 2 * size ** 3 / float(np.median(times)) / 1e9,
+            "wall_seconds": summary["wall_seconds"]}
+
+
+def run_lever(prefix: list[str], settings: dict) -> dict:
+    command = prefix + [sys.executable, "-m", "benches.noise", "--one", json.dumps(settings)]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"noise: a process failed: {done.stderr.strip().splitlines()[-1:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_seconds": time.monotonic() - started}
+
+
+def robust_sd(values: np.ndarray) -> float:
+    return float(stats.median_abs_deviation(values, scale="normal"))
+
+
+def analyse(pairs: list[tuple[dict, dict]]) -> dict:
+    first = np.log([a["sps"] for a, _ in pairs])
+    second = np.log([b["sps"] for _, b in pairs])
+    ratios = second - first
+    every = np.concatenate([first, second])
+    calib = np.log([p["calibration_gflops"] for pair in pairs for p in pair])
+    rho = float(stats.spearmanr(calib, every).statistic)
+    calib_ratios = np.log([b["calibration_gflops"] / a["calibration_gflops"] for a, b in pairs])
+    slope = float(np.polyfit(calib_ratios, ratios, 1)[0]) if np.std(calib_ratios) > 0 else 0.0
+    return {"sps_median": float(np.exp(np.median(every))), "process_log_sd": robust_sd(every),
+            "pair_log_sd": robust_sd(ratios), "pair_correlation": float(stats.spearmanr(first, second).statistic),
+            "seconds_per_pair": float(np.median([a["process_seconds"] + b["process_seconds"] for a, b in pairs])),
+            "calibration_vs_sps_spearman": rho,
+            "pair_log_sd_adjusted_by_calibration": robust_sd(ratios - slope * calib_ratios)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12, help="pairs of processes per lever (default 12)")
+    parser.add_argument("--out", type=Path, default=Path("runs/noise.json"))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # inside a measured process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_process(json.loads(args.one))))
+        return
+    measured: dict[str, list[tuple[dict, dict]]] = {name: [] for name in LEVERS}
+    started = time.monotonic()
+    for round_ in range(args.rounds):
+        for name, (prefix, extra) in LEVERS.items():
+            settings = {**POINT, **extra}
+            measured[name].append((run_lever(prefix, settings), run_lever(prefix, settings)))
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(
+            f"{name} {pairs[-1][0]['sps']:,.0f}/{pairs[-1][1]['sps']:,.0f}" for name, pairs in measured.items()),
+            flush=True)
+    results = {name: analyse(pairs) for name, pairs in measured.items()}
+    base = results["default"]
+    for result in results.values():
+        result["decisions_per_minute_vs_default"] = (base["pair_log_sd"] ** 2 * base["seconds_per_pair"]) / \
+            (result["pair_log_sd"] ** 2 * result["seconds_per_pair"])
+    report = {"point": POINT, "rounds": args.rounds, "seconds": time.monotonic() - started, "levers": results,
+              "raw": measured}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "raw"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
