@@ -43,13 +43,12 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, git, resolve_commit, worktree
-from benches.cli import device_choice, raise_interrupt
+from benches.cli import add_process_options, raise_interrupt
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.sequential import Design, pairing_entry
 from reports.verdicts import PointVerdict
-from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
-                              positive_int)
+from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -472,15 +471,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "point)")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}) and the logs go (default {DEFAULT_OUT}/)")
-    parser.add_argument("--device", type=device_choice,
-                        help="run the point on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
-                             "(default: the suite's)")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
-                        help=f"seconds one trainer process may run before it is killed, above 0 and at most "
-                             f"{MAX_TIMEOUT_S:g} (default: the suite's `timeout_s`)")
-    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
-                        help=f"utilization samples per second around each process, 0 for none, at most "
-                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
+    add_process_options(parser, "the point")
     parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
                         help=f"at most N pairs of processes per commit; a commit still undecided then is skipped "
                              f"(default {DEFAULT_MAX_REPEATS})")
@@ -495,9 +486,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write the whole search (every step's commit, verdict, change, interval, pairs "
                              "and seconds) to this file (default: none)")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
 
 
 def run(args: argparse.Namespace) -> int:

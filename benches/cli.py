@@ -27,6 +27,23 @@ def device_choice(text: str) -> str:
     return text
 
 
+def add_process_options(parser: argparse.ArgumentParser, scope: str) -> None:
+    """--device, --timeout, --sample-hz and --no-wait, as every command that runs trainer processes takes them;
+    `scope` names what --device moves ("every point", "the point")."""
+    parser.add_argument("--device", type=device_choice,
+                        help=f"run {scope} on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
+                             "(the first GPU when there is one) (default: the suite's)")
+    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
+                        help=f"seconds one trainer process may run before it is killed, above 0 and at most "
+                             f"{MAX_TIMEOUT_S:g} (default: the suite's `timeout_s`)")
+    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
+                        help=f"utilization samples per second around each process, 0 for none, at most "
+                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
+                             "waiting for it (default: wait)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="smoke",
                         help="a suite in benches/suites (smoke, nightly, hardware, overhead, atari) or a path to a .toml "
@@ -38,15 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "points (default: start a new run)")
     parser.add_argument("--repeats", type=positive_int, metavar="R",
                         help="fresh processes per point (default: the suite's `repeats`)")
-    parser.add_argument("--device", type=device_choice,
-                        help="run every point on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
-                             "(the first GPU when there is one) (default: the suite's)")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
-                        help=f"seconds one repeat may run before it is killed, above 0 and at most {MAX_TIMEOUT_S:g} "
-                             "(default: the suite's `timeout_s`)")
-    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
-                        help=f"utilization samples per second around each repeat, 0 for none, at most "
-                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
+    add_process_options(parser, "every point")
     parser.add_argument("--label", type=utf8_text,
                         help="a note stored with the run, e.g. the change being measured (default: none)")
     parser.add_argument("--export", metavar="PATH", type=Path,
@@ -73,9 +82,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-inconclusive", action="store_true",
                         help="with --baseline or --against: exit 1 also when a point could not be decided "
                              "(default: only on a regression)")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
 
 
 def utf8_text(text: str) -> str:

@@ -27,12 +27,12 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
-from benches.cli import device_choice, raise_interrupt, utf8_text
+from benches.cli import add_process_options, raise_interrupt, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports import gate as rules
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.verdicts import PointVerdict, is_contended
-from rlperf.arguments import DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -267,6 +267,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "temporary worktree")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}), logs and the report go (default {DEFAULT_OUT}/)")
+    add_process_options(parser, "every point")
     parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=BUDGET_S,
                         metavar="S", help=f"seconds for the confirmation of the suspects, shared among them "
                                           f"(default {BUDGET_S:g})")
@@ -282,22 +283,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
                         help=f"the chance of flagging any point on a night where nothing got slower "
                              f"(default {DEFAULT_ALPHA})")
-    parser.add_argument("--device", type=device_choice,
-                        help="run every point on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
-                             "(default: the suite's)")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
-                        help=f"seconds one trainer process may run before it is killed, above 0 and at most "
-                             f"{MAX_TIMEOUT_S:g} (default: the suite's `timeout_s`)")
-    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
-                        help=f"utilization samples per second around each process, 0 for none, at most "
-                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
     parser.add_argument("--label", type=utf8_text, help="a note stored with the runs (default: gate)")
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the outcome as JSON: the runs, each point's verdict, the conclusion and the "
                              "exit code (default: none)")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
 
 
 def run(args: argparse.Namespace) -> int:

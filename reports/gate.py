@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from reports import sequential
+from reports import intervals, sequential
 from reports.rundata import RunData, load_run
 from reports.verdicts import PointVerdict, contention_note, judge_pair_point, match_key, pairs_of
 from rlperf.store import Store, point_label
@@ -277,7 +277,7 @@ def detectable(plan: GatePlan, spread: float, power: float = sequential.DETECTIO
         return math.inf
     design = plan.confirmation(1)
     rounded = round(spread, 4)
-    return sequential.smallest_with_power(
+    return intervals.smallest_with_power(
         lambda slowdown: screen_power(plan, rounded, slowdown) * sequential.claim_power(design, rounded, slowdown),
         power)
 

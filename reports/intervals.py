@@ -141,12 +141,18 @@ def _detectable_change(spread: float, n: int, m: int, threshold: float, alpha: f
         p = stats.mannwhitneyu(cand + shift, base, axis=1, alternative="two-sided", method=method).pvalue
         return float(np.mean((p <= alpha) & (np.median(differences, axis=1) + shift < down)))
 
-    if claimed(0.99) < power:
+    return smallest_with_power(claimed, power)
+
+
+def smallest_with_power(power_at, power: float) -> float:
+    """The smallest slowdown in (0, 0.99] at which `power_at` (rising with the slowdown) reaches `power`, to
+    0.2%; inf when even 0.99 falls short."""
+    if power_at(0.99) < power:
         return math.inf
     low, high = 0.0, 0.99
     while high - low > 0.002:
         middle = (low + high) / 2
-        low, high = (low, middle) if claimed(middle) >= power else (middle, high)
+        low, high = (low, middle) if power_at(middle) >= power else (middle, high)
     return high
 
 

@@ -38,6 +38,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from reports import intervals
+
 # Hwang-Shih-DeCani spending, gamma -2: between O'Brien-Fleming (about -4), which keeps most power for the last
 # look, and Pocock (about 1), which stops large changes soonest. Simulated at 12% process noise, 40 pairs at
 # most, alpha 1%: a -10% change claimed in 76% of runs (O'Brien-Fleming 80%, Pocock 70%), a -25% one after 16
@@ -461,19 +463,7 @@ def detectable(design: Design, spread: float, power: float = DETECTION_POWER) ->
     often."""
     if not math.isfinite(spread) or spread <= 0:
         return math.inf
-    return smallest_with_power(lambda slowdown: claim_power(design, round(spread, 4), slowdown), power)
-
-
-def smallest_with_power(power_at, power: float) -> float:
-    """The smallest slowdown in (0, 0.99] at which `power_at` (rising with the slowdown) reaches `power`, to
-    0.2%; inf when even 0.99 falls short."""
-    if power_at(0.99) < power:
-        return math.inf
-    low, high = 0.0, 0.99
-    while high - low > 0.002:
-        middle = (low + high) / 2
-        low, high = (low, middle) if power_at(middle) >= power else (middle, high)
-    return high
+    return intervals.smallest_with_power(lambda slowdown: claim_power(design, round(spread, 4), slowdown), power)
 
 
 @lru_cache(maxsize=65536)
