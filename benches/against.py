@@ -187,7 +187,7 @@ class Against:
                  "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
                                     trainer_command)}
         pairing = Pairing(sides, design, lambda text: self.console.print(text, markup=False, soft_wrap=True))
-        if design.looks[0] > 1 and math.isinf(pairing.fewest_decisive()):
+        if math.isinf(pairing.fewest_decisive()):
             self.console.print(f"note: {design.max_pairs} pairs a point cannot reach alpha {design.alpha:.2g} "
                                f"(alpha / points) with the exact paired test: no claim is possible; "
                                f"--until-decided or more --repeats make one possible")
