@@ -29,6 +29,17 @@ def machine_line(fingerprint: dict) -> str:
             f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
 
 
+def fmt_rate(value: float, unit: str) -> str:
+    """A measured rate: `152 GFLOP/s`, `10.4 GB/s`, a tiny op's cost as `1.51 µs/op`."""
+    if value is None or not np.isfinite(value) or value <= 0:
+        return "–"
+    if unit == "op/s":
+        return f"{1e6 / value:.3g} µs/op"
+    scale, prefix = next(((10**p, name) for p, name in ((12, "T"), (9, "G"), (6, "M"), (3, "k")) if value >= 10**p),
+                         (1, ""))
+    return f"{value / scale:.3g} {prefix}{unit}"
+
+
 def fmt_detectable(fraction: float) -> str:
     return "none (too few repeats)" if not np.isfinite(fraction) else f"≥ {fraction:.0%}"
 
