@@ -161,45 +161,20 @@ def default_threads() -> int:
 def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, key: str, store: Path | None) -> None:
     from rich.table import Table
 
-    from reports.formatting import fmt_rate
+    from reports.formatting import fmt_method, fmt_peak, fmt_rate
 
     where = f"{threads} threads" if device_name == "cpu" else device_name
     table = Table(title=f"peaks of {where}, machine key {key}: median of {TIMINGS} timings")
     for column in ("what", "dtype", "median", "timings (min – max)", "how"):
         table.add_column(column)
     for row in rows:
-        table.add_row(describe(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
+        table.add_row(fmt_peak(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
                       f"{fmt_rate(min(row['samples']), row['unit'])} – {fmt_rate(max(row['samples']), row['unit'])}",
-                      how(row["method"]))
+                      fmt_method(row["method"]))
     console.print(table)
     console.print("The matrix-product peak is the fastest of these products; memory counts a large copy's reads "
                   "and writes; a tiny op is one add of one element (its fixed cost). "
                   + (f"Stored in {store}." if store else "Not stored (--store PATH keeps them)."), soft_wrap=True)
-
-
-def describe(row: dict[str, Any]) -> str:
-    op, shape = row["op"], row["shape"]
-    if op == peaks.ROOF:
-        return f"matrix product, fastest of {', '.join(f'{side}³' for side in row['method']['sides'])}"
-    if op in peaks.PRODUCTS:
-        return f"{op} {'x'.join(str(size) for size in shape)}"
-    if op in peaks.CONVOLUTIONS:
-        batch, channels, height, width, out_channels, kernel, stride = shape[:7]
-        return f"{op} {batch}x{channels}x{height}x{width} -> {out_channels}, {kernel}x{kernel}/{stride}"
-    names = {peaks.MEMORY: "memory (copy)", peaks.DISPATCH: "tiny op", "h2d_pinned": "host->device pinned",
-             "h2d_pageable": "host->device pageable", "d2h_pinned": "device->host pinned",
-             "d2h_pageable": "device->host pageable"}
-    return f"{names[op]} {fmt_bytes(row['method']['bytes'])}" if "bytes" in row["method"] else names[op]
-
-
-def how(method: dict[str, Any]) -> str:
-    graphed = ", as a CUDA graph" if method.get("graphed") else ""
-    return (f"{method['calls_per_timing']} calls per timing after {method['warmup_calls']} warm-up calls"
-            f"{graphed}")
-
-
-def fmt_bytes(size: int) -> str:
-    return f"{size / 2**20:g} MiB"
 
 
 # ---- measuring (in the process that owns the device) --------------------------------------------------------

@@ -7,6 +7,7 @@ import pandas as pd
 
 from reports.page import Section
 from reports.rundata import RunData
+from rlperf import peaks
 from rlperf.machine import gpu_names
 
 
@@ -38,6 +39,32 @@ def fmt_rate(value: float, unit: str) -> str:
     scale, prefix = next(((10**p, name) for p, name in ((12, "T"), (9, "G"), (6, "M"), (3, "k")) if value >= 10**p),
                          (1, ""))
     return f"{value / scale:.3g} {prefix}{unit}"
+
+
+PEAK_NAMES = {peaks.ROOF: "matrix-product peak", peaks.MEMORY: "memory bandwidth (a copy)",
+              peaks.DISPATCH: "one tiny op", "h2d_pinned": "host→device, pinned", "h2d_pageable": "host→device, pageable",
+              "d2h_pinned": "device→host, pinned", "d2h_pageable": "device→host, pageable"}
+
+
+def fmt_peak(row: dict) -> str:
+    """What a measured peak (a row of the store's `peaks` table) is: `matrix-product peak (fastest of 256³,
+    512³)`, `linear 64x128x512`, `memory bandwidth (a copy) of 256 MiB`."""
+    op, shape, method = row["op"], row["shape"], row["method"]
+    if op in peaks.PRODUCTS:
+        return f"{op} {'x'.join(str(size) for size in shape)}"
+    if op in peaks.CONVOLUTIONS:
+        batch, channels, height, width, out_channels, kernel, stride = shape[:7]
+        return f"{op} {batch}x{channels}x{height}x{width} → {out_channels}, {kernel}x{kernel}/{stride}"
+    if op == peaks.ROOF:
+        return f"{PEAK_NAMES[op]} (fastest of {', '.join(f'{side}³' for side in method['sides'])})"
+    return PEAK_NAMES[op] + (f" of {method['bytes'] / 2**20:g} MiB" if method.get("bytes") else "")
+
+
+def fmt_method(method: dict) -> str:
+    graphed = ", as a CUDA graph" if method.get("graphed") else ""
+    calls = method["calls_per_timing"]
+    return (f"median of {method['timings']} timings of {calls} call{'s' if calls > 1 else ''}, after "
+            f"{method['warmup_calls']} warm-up calls{graphed}")
 
 
 def fmt_detectable(fraction: float) -> str:

@@ -121,10 +121,10 @@ class Peaks:
 
         return [n for n in unique(needs) if not quiet(n)]
 
-    def busy_rows(self, device_name: str, threads: int) -> list[dict[str, Any]]:
-        """This device's rows that were measured beside other work."""
-        t = thread_key(device_name, threads)
-        return [row for (name, tk, *_), row in self.by_key.items() if (name, tk) == (device_name, t) and busy(row)]
+    def of_device(self, device_name: str, threads: int) -> list[dict[str, Any]]:
+        """The rows of this device at this thread count."""
+        at = device_name, thread_key(device_name, threads)
+        return [row for (name, t, *_), row in self.by_key.items() if (name, t) == at]
 
     def value(self, device_name: str, threads: int, op: str, dtype: str = "", shape: list[int] = ()) -> float:
         row = self.by_key.get(key(device_name, threads, op, dtype, list(shape)))
