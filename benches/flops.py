@@ -31,7 +31,8 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--minibatch-size", type=int, default=8192)
     parser.add_argument("--encoder", default="mlp", help="mlp or cnn (default mlp)")
-    parser.add_argument("--obs-shape", default="", help="synthetic observations' shape, e.g. 4,84,84 (default 32 values)")
+    parser.add_argument("--obs-shape", default="",
+                        help="synthetic observations' shape, e.g. 4,84,84 (default: 32 values)")
     parser.add_argument("--obs-dtype", default="float32", help="float32 or uint8 (default float32)")
     parser.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -53,7 +54,8 @@ def main() -> None:
     point = point_figures("", [summary], known)
     where = summary["device_name"] if cfg.is_cuda else f"{work['threads']} threads"
     print(f"policy: {summary['parameters']:,} parameters, {cfg.encoder} encoder, LSTM {cfg.hidden_size}, horizon "
-          f"{cfg.horizon}, {cfg.num_envs} envs, minibatch {cfg.minibatch_size}, {where}{', compiled' if cfg.compile else ''}")
+          f"{cfg.horizon}, {cfg.num_envs} envs, minibatch {cfg.minibatch_size}, {where}"
+          + (", compiled" if cfg.compile else ""))
     print(f"steady SPS {summary['sps']:,.0f}; {point.dtype} matrix-product peak {fmt_rate(point.roof, 'FLOP/s')}, "
           f"memory {fmt_rate(known.value(point.device_name, point.threads, MEMORY), 'B/s')}, one tiny op "
           f"{point.op_seconds * 1e6:.2f} µs")

@@ -54,7 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", type=Path, metavar="PATH",
                         help="also store the peaks under this machine's key, with the kernels its runs there "
                              "computed (default: print only)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measured rows as JSON (default: none)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the measured rows as JSON (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Two machines side by side: SPS per point, SPS per GPU, phase shares, how near each machine's own peaks
-each phase runs, and agent steps per dollar when hourly prices are given. Points are matched by swept values and configuration, as verdicts match them,
-except for the device."""
+each phase runs, and agent steps per dollar when hourly prices are given. Points are matched by swept values
+and configuration, as verdicts match them, except for the device."""
 
 from __future__ import annotations
 

@@ -303,9 +303,11 @@ def roofline(title: str, roofs: dict[str, float], bandwidth: float, phases: pd.D
         ax.set_xlim(low, high)
         ax.set_ylim(min(phases["achieved"].min(), top) / 4, top * 2.5)
         ax.yaxis.set_major_formatter(lambda value, _: _engineering(value, "FLOP/s"))
+        ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+        ax.xaxis.set_minor_formatter(lambda value, _: "")
         ax.set_xlabel("arithmetic intensity (FLOP per byte it must move)")
         ax.set_title(_short(title, 56))
-        ax.legend(loc="lower right", fontsize=7)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=4, fontsize=7)
         return to_svg(figure)
 
 

@@ -42,8 +42,9 @@ def fmt_rate(value: float, unit: str) -> str:
 
 
 PEAK_NAMES = {peaks.ROOF: "matrix-product peak", peaks.MEMORY: "memory bandwidth (a copy)",
-              peaks.DISPATCH: "one tiny op", "h2d_pinned": "host→device, pinned", "h2d_pageable": "host→device, pageable",
-              "d2h_pinned": "device→host, pinned", "d2h_pageable": "device→host, pageable"}
+              peaks.DISPATCH: "one tiny op", "h2d_pinned": "host→device, pinned",
+              "h2d_pageable": "host→device, pageable", "d2h_pinned": "device→host, pinned",
+              "d2h_pageable": "device→host, pageable"}
 
 
 def fmt_peak(row: dict) -> str:

@@ -303,6 +303,10 @@ def peaks_table(run: RunData, points) -> pd.DataFrame:
                                                 f"{fmt_rate(max(row['samples']), row['unit'])}",
                          "how": fmt_method(row["method"]), "measured": row["measured_at"],
                          "busy": (row["method"].get("interference") or {}).get("why") or "–"})
+            used = known.matmul_peak(device_name, threads, row["dtype"])
+            if row["op"] == peak_rows.ROOF and used > row["value"]:
+                rows.append({**rows[-1], "peak": "the peak the ratios use: one of the model's kernels, faster",
+                             "median": fmt_rate(used, "FLOP/s"), "timings (min – max)": "–", "how": "–"})
         kernels = sum(row["op"] in peak_rows.KERNELS for row in measured)
         rows.append({"device": where, "peak": f"{kernels} kernels at the model's shapes", "dtype": "–",
                      "median": "–", "timings (min – max)": "–", "how": "the same way, timed in rounds",
