@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from benches import suite as suites
+from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -90,6 +91,8 @@ class Sweep:
                 try:
                     self.record_skipped(store, run_id, suite, machine, done)
                     self.run_points(store, run_id, suite, machine, done)
+                    fill_missing(store, key, run_id, lambda text: self.console.print(text, markup=False,
+                                                                                     soft_wrap=True))
                 except KeyboardInterrupt:
                     store.finish_run(run_id, "interrupted")
                     stored = len(store.finished_point_keys(run_id))

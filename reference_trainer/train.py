@@ -29,6 +29,7 @@ from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
+from reference_trainer.work import count_work
 from rlperf import __version__
 from rlperf.cpus import usable_cores
 from rlperf.machine import torch_versions
@@ -163,6 +164,9 @@ class Trainer:
         host_valid = torch.ones(2, n, pin_memory=pin)
         copied_per_step = [host_obs, host_rewards, host_dones] + ([host_valid] if self.masked else [])
         self.h2d_bytes_per_step = sum(buf[0, 0].nbytes for buf in copied_per_step)
+        self.work = count_work(cfg, obs_shape, host_obs.element_size(), num_actions,
+                               sum(p.numel() for p in self.policy.parameters()), self.masked,
+                               str(self.dtype_used).removeprefix("torch."), torch.get_num_threads())
         host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
@@ -412,6 +416,7 @@ class Trainer:
                             self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
         summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
         summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
+        summary["work"] = self.work
         summary["parameters"] = sum(p.numel() for p in self.policy.parameters())
         for env in self.envs:
             env.close()

@@ -1,6 +1,6 @@
-"""Two machines side by side: SPS per point, SPS per GPU, phase shares, and agent steps per dollar when
-hourly prices are given. Points are matched by swept values and configuration, as verdicts match them,
-except for the device."""
+"""Two machines side by side: SPS per point, SPS per GPU, phase shares, how near each machine's own peaks
+each phase runs, and agent steps per dollar when hourly prices are given. Points are matched by swept values
+and configuration, as verdicts match them, except for the device."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from reference_trainer.config import MACHINE, fields_with
-from reports import figures
+from reports import figures, roofline
 from reports.page import Report, Section
 from reports.formatting import fingerprint_section, fmt_sps, machine_line
 from reports.rundata import RunData, phase_us_per_step, point_table
@@ -33,7 +33,8 @@ def side_points(run: RunData) -> dict[str, dict]:
         if point.status == "ok" and label in shares.index:
             # two machines run a suite each on their own devices: the device is not part of a point's identity
             key = match_key(point.point_key, point.config, fields_with(MACHINE))
-            points[key] = {"label": label, "config": point.config, "sps": table.at[point.point_key, "sps_median"],
+            points[key] = {"label": label, "point_key": point.point_key, "config": point.config,
+                           "sps": table.at[point.point_key, "sps_median"],
                            "shares": shares.loc[label]}
     return points
 
@@ -56,7 +57,8 @@ def build(runs: dict[str, RunData], labels: dict[str, str], prices: dict[str, fl
         sections.append(Section("Steps per second", ["No configuration was measured successfully on both "
                                                      "machines: nothing to compare."]))
     else:
-        sections += [sps_section(matched, a, b, prices), phase_share_section(matched, a, b)]
+        sections += [sps_section(matched, a, b, prices), phase_share_section(matched, a, b),
+                     roofline.comparison_section(matched, runs, labels)]
     for side, label in (("A", a), ("B", b)):
         section = fingerprint_section(runs[side])
         section.title = f"Machine {label}"

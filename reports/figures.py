@@ -277,6 +277,47 @@ def phase_history(trend: pd.DataFrame, marks: pd.DataFrame, columns: int = 2) ->
         return to_svg(figure)
 
 
+def roofline(title: str, roofs: dict[str, float], bandwidth: float, phases: pd.DataFrame) -> str:
+    """Arithmetic intensity against achieved FLOP/s, one dot per phase with a dash at its own ceiling, under
+    the measured roofs (flat) and memory bandwidth (the slope). `phases`: phase, intensity, achieved, ceiling."""
+    with rc_context(STYLE):
+        figure = _new(5.2, 3.4)
+        ax = figure.add_subplot()
+        top = max(roofs.values())
+        ridge = top / bandwidth if np.isfinite(bandwidth) else np.nan
+        low = np.nanmin([phases["intensity"].min(), ridge]) / 4
+        high = np.nanmax([phases["intensity"].max(), ridge]) * 4
+        x = np.geomspace(low, high, 200)
+        for index, (label, roof) in enumerate(roofs.items()):
+            line = np.minimum(roof, bandwidth * x) if np.isfinite(bandwidth) else np.full_like(x, roof)
+            ax.plot(x, line, color="#33414f", lw=1.6 if index == 0 else 1.0, ls="-" if index == 0 else "--",
+                    label=label)
+        for row in phases.itertuples():
+            color = PHASE_COLORS.get(row.phase, "#bbbbbb")
+            ax.plot([row.intensity], [row.achieved], "o", ms=7, color=color, label=row.phase, zorder=3)
+            if np.isfinite(row.ceiling):
+                ax.plot([row.intensity] * 2, [row.achieved, row.ceiling], ":", color=color, lw=1.2)
+                ax.plot([row.intensity], [row.ceiling], "_", ms=16, mew=2.2, color=color, zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(low, high)
+        ax.set_ylim(min(phases["achieved"].min(), top) / 4, top * 2.5)
+        ax.yaxis.set_major_formatter(lambda value, _: _engineering(value, "FLOP/s"))
+        ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+        ax.xaxis.set_minor_formatter(lambda value, _: "")
+        ax.set_xlabel("arithmetic intensity (FLOP per byte it must move)")
+        ax.set_title(_short(title, 56))
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=4, fontsize=7)
+        return to_svg(figure)
+
+
+def _engineering(value: float, unit: str) -> str:
+    for power, prefix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if value >= 10**power:
+            return f"{value / 10**power:g} {prefix}{unit}"
+    return f"{value:g} {unit}"
+
+
 def side_by_side(frame: pd.DataFrame, a: str, b: str) -> str:
     """Paired horizontal bars of median SPS per point for two machines. `frame`: label, A, B."""
     with rc_context(STYLE):

@@ -7,6 +7,7 @@ import pandas as pd
 
 from reports.page import Section
 from reports.rundata import RunData
+from rlperf import peaks
 from rlperf.machine import gpu_names
 
 
@@ -27,6 +28,44 @@ def machine_line(fingerprint: dict) -> str:
     gpu_text = ", ".join(gpu_names(fingerprint)) or "no GPU"
     return (f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('cores_logical', '?')} threads) · {gpu_text} · "
             f"torch {fingerprint.get('torch') or '?'} · CUDA {fingerprint.get('cuda') or 'none'}")
+
+
+def fmt_rate(value: float, unit: str) -> str:
+    """A measured rate: `152 GFLOP/s`, `10.4 GB/s`, a tiny op's cost as `1.51 µs/op`."""
+    if value is None or not np.isfinite(value) or value <= 0:
+        return "–"
+    if unit == "op/s":
+        return f"{1e6 / value:.3g} µs/op"
+    scale, prefix = next(((10**p, name) for p, name in ((12, "T"), (9, "G"), (6, "M"), (3, "k")) if value >= 10**p),
+                         (1, ""))
+    return f"{value / scale:.3g} {prefix}{unit}"
+
+
+PEAK_NAMES = {peaks.ROOF: "matrix-product peak", peaks.MEMORY: "memory bandwidth (a copy)",
+              peaks.DISPATCH: "one tiny op", "h2d_pinned": "host→device, pinned",
+              "h2d_pageable": "host→device, pageable", "d2h_pinned": "device→host, pinned",
+              "d2h_pageable": "device→host, pageable"}
+
+
+def fmt_peak(row: dict) -> str:
+    """What a measured peak (a row of the store's `peaks` table) is: `matrix-product peak (fastest of 256³,
+    512³)`, `linear 64x128x512`, `memory bandwidth (a copy) of 256 MiB`."""
+    op, shape, method = row["op"], row["shape"], row["method"]
+    if op in peaks.PRODUCTS:
+        return f"{op} {'x'.join(str(size) for size in shape)}"
+    if op in peaks.CONVOLUTIONS:
+        batch, channels, height, width, out_channels, kernel, stride = shape[:7]
+        return f"{op} {batch}x{channels}x{height}x{width} → {out_channels}, {kernel}x{kernel}/{stride}"
+    if op == peaks.ROOF:
+        return f"{PEAK_NAMES[op]} (fastest of {', '.join(f'{side}³' for side in method['sides'])})"
+    return PEAK_NAMES[op] + (f" of {method['bytes'] / 2**20:g} MiB" if method.get("bytes") else "")
+
+
+def fmt_method(method: dict) -> str:
+    graphed = ", as a CUDA graph" if method.get("graphed") else ""
+    calls = method["calls_per_timing"]
+    return (f"median of {method['timings']} timings of {calls} call{'s' if calls > 1 else ''}, after "
+            f"{method['warmup_calls']} warm-up calls{graphed}")
 
 
 def fmt_detectable(fraction: float) -> str:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from reports import figures
+from reports import figures, roofline
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
 from reports.page import Report, Section, write_report
 from reports.rundata import RunData, phase_us_per_step, point_table, swept_axes
@@ -422,7 +422,8 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
                              alpha)
         sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha, design))
     if not table.empty:
-        sections += [sps_section(table), quiet_section(candidate), phase_section(candidate), knob_section(candidate, threshold, alpha),
+        sections += [sps_section(table), quiet_section(candidate), phase_section(candidate),
+                     roofline.section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]

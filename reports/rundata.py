@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -26,6 +26,7 @@ class RunData:
     utilization: pd.DataFrame
     collectives: pd.DataFrame
     traces: pd.DataFrame
+    peaks: pd.DataFrame = field(default_factory=pd.DataFrame)  # measured on the run's machine (rlperf/peaks.py)
 
     @property
     def suite(self) -> str:
@@ -56,7 +57,7 @@ def load_run(store: Store, run_id: str, field: str = "results") -> RunData:
     if points.empty and collectives.empty:
         raise BadInput(f"{field}: run {run_id} in {store.path} is empty (no points were measured)")
     return RunData(str(store.path), run_id, info, store.fingerprint(run_id), points, store.samples(run_id),
-                   store.utilization(run_id), collectives, store.traces(run_id))
+                   store.utilization(run_id), collectives, store.traces(run_id), store.peaks(info["machine_key"]))
 
 
 def point_table(run: RunData, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:

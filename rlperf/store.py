@@ -28,6 +28,25 @@ SCHEMA_VERSION = 1
 RUN_STATUSES = ("running", "complete", "interrupted")
 POINT_STATUSES = ("ok", "failed", "skipped", "timeout")
 
+# Added after version 1 was first written, as a table older readers never look at: a store without it is
+# still version 1 (it gains the table when opened for writing), and reads as having no peaks.
+PEAKS_TABLE = """
+CREATE TABLE IF NOT EXISTS peaks (
+    machine_key TEXT NOT NULL,
+    run_id TEXT REFERENCES runs(run_id),
+    measured_at TEXT NOT NULL,
+    device_name TEXT NOT NULL,
+    threads INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    value REAL NOT NULL,
+    unit TEXT NOT NULL,
+    samples TEXT NOT NULL,
+    method TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS peaks_by_machine ON peaks (machine_key);
+"""
 SCHEMA = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -93,9 +112,11 @@ CREATE TABLE traces (
     path TEXT NOT NULL,
     summary TEXT NOT NULL
 );
-"""
+""" + PEAKS_TABLE
 
 EXPORT_EXTENSIONS = (".csv", ".parquet", ".json")
+PEAK_COLUMNS = ("device_name", "threads", "op", "dtype", "shape", "value", "unit", "samples", "method")
+PEAK_JSON_COLUMNS = ("shape", "samples", "method")
 COLLECTIVE_COLUMNS = ("op", "backend", "world_size", "bytes", "repeat", "time_us", "algbw_gbps", "busbw_gbps")
 
 
@@ -179,6 +200,8 @@ class Store:
             if not readonly:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = FULL")
+                if "peaks" not in tables and tables:
+                    db.executescript(PEAKS_TABLE)
             db.execute("PRAGMA foreign_keys = ON")
         return cls(path, db, readonly)
 
@@ -271,6 +294,21 @@ class Store:
                 [(run_id, *(row[name] for name in COLLECTIVE_COLUMNS)) for row in rows],
             )
 
+    def add_peaks(self, machine_key: str, rows: Iterable[dict[str, Any]], run_id: str | None = None) -> None:
+        """Writes measured peaks (keys: PEAK_COLUMNS) of the machine `machine_key` in one
+        transaction; `run_id` names the run they were measured for (none for `rlperf probe`)."""
+        if run_id is not None:
+            self.require_run(run_id)
+        measured_at = utc_now()
+        with faults(self.path), self._db:
+            self._db.executemany(
+                f"INSERT INTO peaks (machine_key, run_id, measured_at, {', '.join(PEAK_COLUMNS)})"
+                f" VALUES (?, ?, ?, {', '.join('?' for _ in PEAK_COLUMNS)})",
+                [(machine_key, run_id, measured_at,
+                  *(json.dumps(row[name]) if name in PEAK_JSON_COLUMNS else row[name] for name in PEAK_COLUMNS))
+                 for row in rows],
+            )
+
     def add_trace(self, run_id: str, point_key: str, path: str, summary: dict[str, Any]) -> None:
         self.require_run(run_id)
         with faults(self.path), self._db:
@@ -340,9 +378,20 @@ class Store:
         frame = self._frame("SELECT * FROM traces WHERE run_id = ? ORDER BY rowid", (run_id,))
         return parse_json_columns(frame, "summary")
 
+    def peaks(self, machine_key: str | None = None) -> pd.DataFrame:
+        """Every peak measured on the machine `machine_key` (all machines' when None), oldest first; `shape`,
+        `samples` and `method` parsed. A store written before peaks were kept has none."""
+        if not self._has_table("peaks"):
+            return pd.DataFrame(columns=["machine_key", "run_id", "measured_at", *PEAK_COLUMNS])
+        sql, params = "SELECT * FROM peaks", ()
+        if machine_key is not None:
+            sql, params = sql + " WHERE machine_key = ?", (machine_key,)
+        return parse_json_columns(self._frame(sql + " ORDER BY rowid", params), *PEAK_JSON_COLUMNS)
+
     def row_counts(self) -> dict[str, int]:
-        return {table: self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-                for table in ("runs", "points", "samples", "utilization", "collectives", "traces")}
+        tables = ("runs", "points", "samples", "utilization", "collectives", "traces", "peaks")
+        return {table: self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] if self._has_table(table) else 0
+                for table in tables}
 
     def export(self, run_id: str, path: str | Path) -> Path:
         """Writes one row per sample (failed and skipped points as rows without figures), with the point's
@@ -377,6 +426,10 @@ class Store:
         return flat
 
     # ---- internals -------------------------------------------------------------------------------------
+
+    def _has_table(self, name: str) -> bool:
+        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() \
+            is not None
 
     def _frame(self, sql: str, params: tuple = ()) -> pd.DataFrame:
         return pd.read_sql_query(sql, self._db, params=params)

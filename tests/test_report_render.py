@@ -19,6 +19,8 @@ import pytest
 
 from rlperf.machine import machine_key
 from benches.runner import trainer_command
+from benches.peaks import measure
+from rlperf.peaks import needs_for_work
 from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 from reports.render import render
@@ -38,6 +40,12 @@ def summary(tmp_path_factory):
     path = tmp_path_factory.mktemp("summary") / "summary.json"
     subprocess.run(trainer_command(config, path), check=True, capture_output=True, timeout=120)
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def measured_peaks(summary):
+    """This machine's peaks for the summary's work, measured for real: every run stored below gets them."""
+    return measure(needs_for_work("cpu", "cpu", summary["work"]["threads"], summary["work"]))
 
 
 def fingerprint(gpu: str | None = None, torch: str = "2.13.0+cpu") -> dict:
@@ -74,12 +82,15 @@ def with_ranks(summary: dict, world_size: int) -> dict:
     return out
 
 
-def add_run(path, summary, speed=1.0, suite="smoke", print_=None, label=None, extras=True, slow_phase=None) -> str:
+def add_run(path, summary, speed=1.0, suite="smoke", print_=None, label=None, extras=True, slow_phase=None,
+            peaks=()) -> str:
     """A complete run of the sweep (and, with extras, world sizes, a failed hostile point, utilization,
-    collectives and a trace) at `speed` times the real summary's speed, `slow_phase` taking twice as long."""
+    collectives and a trace) at `speed` times the real summary's speed, `slow_phase` taking twice as long,
+    with `peaks` stored for its machine."""
     print_ = print_ or fingerprint()
     with Store.open(path) as db:
         run_id = db.create_run(suite, "h", print_, machine_key(print_), label)
+        db.add_peaks(machine_key(print_), peaks, run_id)
         points = [(values, speed * (values["num_envs"] / 16) * (0.8 if values["dtype"] == "bf16" else 1.0))
                   for values in SWEEP]
         if extras:
@@ -108,9 +119,9 @@ def add_run(path, summary, speed=1.0, suite="smoke", print_=None, label=None, ex
 
 
 @pytest.fixture(scope="module")
-def store(summary, tmp_path_factory):
+def store(summary, measured_peaks, tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "results.sqlite"
-    baseline = add_run(path, summary, label="base")
+    baseline = add_run(path, summary, label="base", peaks=measured_peaks)
     candidate = add_run(path, summary, label=HOSTILE, slow_phase="learn")
     return path, baseline, candidate
 
@@ -126,15 +137,17 @@ def rendered(store, tmp_path_factory):
 def test_report_has_every_section_and_regressions_fail(rendered):
     code, markdown, html_path = rendered
     assert code == 1
-    for title in ("Verdict against the baseline", "Steps per second", "Phase breakdown", "Scaling with world size",
-                  "Per-rank stragglers", "Utilization over time", "Collectives", "Traces", "Machine fingerprint"):
+    for title in ("Verdict against the baseline", "Steps per second", "Phase breakdown",
+                  "How far from the machine's limits", "Scaling with world size", "Per-rank stragglers",
+                  "Utilization over time", "Collectives", "Traces", "Machine fingerprint"):
         assert f"## {title}" in markdown
     assert "ever taken from a profiled run" in markdown
     assert "| dtype=fp32, num_envs=16 | cpu | 3.0 | 42.7 | – | – | – | aten::mm, aten::addmm | traces/t.json.gz |" \
         in markdown
     html = html_path.read_text()
-    # sps per point, phases, two swept axes (num_envs, dtype), scaling, utilization, collectives
-    assert html.count('<figure class="plot"><svg') == 7
+    # sps per point, phases, a roofline per measured point (6), two swept axes (num_envs, dtype), scaling,
+    # utilization, collectives
+    assert html.count('<figure class="plot"><svg') == 13
 
 
 def test_each_knob_is_compared_with_its_baseline_phase_by_phase(summary, tmp_path):
@@ -239,7 +252,7 @@ def needs_browser(test):
 def test_report_loads_in_a_real_browser_with_every_figure_drawn(rendered, tmp_path):
     found = open_in_browser(rendered[2], tmp_path)
     assert found["errors"] == [] and found["console"] == []
-    assert len(found["figures"]) == 7
+    assert len(found["figures"]) == 13
     for figure in found["figures"]:
         assert figure["width"] > 200 and figure["height"] > 100 and figure["drawn"] > 10, figure
 
@@ -328,10 +341,11 @@ def test_bad_input_prints_no_traceback_from_the_console_script(tmp_path):
     assert result.stderr.strip().count("\n") == 0
 
 
-def test_compare_two_machines_with_prices(store, summary, tmp_path, capsys):
+def test_compare_two_machines_with_prices(store, summary, measured_peaks, tmp_path, capsys):
     path, baseline, _ = store
     gpu_store = tmp_path / "gpu.sqlite"
-    gpu_run = add_run(gpu_store, summary, speed=3.0, print_=fingerprint(gpu="NVIDIA H100"), extras=False)
+    gpu_run = add_run(gpu_store, summary, speed=3.0, print_=fingerprint(gpu="NVIDIA H100"), extras=False,
+                      peaks=measured_peaks)
     out = tmp_path / "cmp"
     assert main(["compare", f"{path}::{baseline}", f"{gpu_store}::{gpu_run}", "--label", f"A={HOSTILE}",
                  "--label", "B=h100", "--price", "A=0.35", "--price", "B=8", "--out", str(out)]) == 0
@@ -343,6 +357,12 @@ def test_compare_two_machines_with_prices(store, summary, tmp_path, capsys):
     assert float(cells[6]) == pytest.approx(sps_a * 3600 / 0.35 / 1e6, rel=0.01)
     assert float(cells[7]) == pytest.approx(sps_b * 3600 / 8 / 1e6, rel=0.01)
     assert "## Phase shares" in markdown
+    # each machine against its own peaks (both measured here, so the faster one reaches 3x the share)
+    headline = next(line for line in markdown.splitlines() if line.startswith("dtype=fp32, num_envs=16: h100 runs"))
+    share_a, share_b = (float(share) for share in re.findall(r"reach ([\d.]+)%|, h100's ([\d.]+)%", headline)
+                        for share in share if share)
+    assert headline.startswith("dtype=fp32, num_envs=16: h100 runs 3.00× as fast as") and share_b / share_a == \
+        pytest.approx(3.0, rel=0.05)
     assert HOSTILE not in (out / "report.html").read_text()
     assert main(["compare", str(path), str(gpu_store), "--price", "A=free", "--out", str(out)]) == 2
     one_line_error(capsys, "price")

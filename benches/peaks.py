@@ -1,0 +1,399 @@
+"""`rlperf probe`: this machine's peaks, measured here rather than looked up.
+
+What: on the device, the matrix-product peak in float32 (and bfloat16, float16 where the device has them: the
+fastest of square products of growing size, rlperf.peaks.ROOF_SIDES), memory bandwidth (a large copy, reads
+and writes counted), the cost of one tiny op (an add of one element: a dispatch on a CPU, a launch on a GPU),
+and on CUDA host->device and device->host copies from pinned and pageable memory. With `--store`, also every
+kernel (rlperf/peaks.py) that this machine's runs in the store computed and whose rate is not stored yet; a
+sweep measures those for its own run by itself.
+
+How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls), then half as many
+calls again are timed to size the timings, then it is timed TIMINGS times, each timing as many calls as
+take about TIMING_S; the value is the median of those rates. A host clock brackets each timing, the device
+synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
+timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny
+op's rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the
+thread count its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need)
+as JSON on stdin and writes the measured rows as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+from rlperf import peaks
+from rlperf.arguments import positive_int
+from rlperf.errors import BadInput
+
+TIMINGS = 7
+TIMING_S = 0.01
+WARMUP_S = 0.02
+MIN_WARMUP_CALLS = 3
+MEMORY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30}
+KERNEL_GROUP_BYTES = 2**30
+COPY_BYTES = 64 * 2**20
+PROBE_TIMEOUT_S = 600.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from benches.cli import device_choice
+
+    parser.add_argument("--device", default="auto", type=device_choice,
+                        help="cpu, cuda, cuda:N, or auto (the first GPU when there is one) (default auto)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help="CPU threads to measure with (default: the trainer's, one per usable core)")
+    parser.add_argument("--store", type=Path, metavar="PATH",
+                        help="also store the peaks under this machine's key, with the kernels its runs there "
+                             "computed (default: print only)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the measured rows as JSON (default: none)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlperf.errors import output_dir
+    from rlperf.machine import collect, machine_key, probe
+    from rlperf.store import Store
+    from rlperf.terminal import default_console
+
+    machine = probe()
+    device = machine.resolve_device(args.device)
+    refusal = machine.skip_reason({"device": device, "world_size": 1, "dtype": "fp32"})
+    if refusal:
+        raise BadInput(f"device: {refusal}")
+    if device != "cpu" and args.threads:
+        raise BadInput("threads: applies to device=cpu only (a GPU's peaks do not depend on host threads)")
+    if args.json:
+        output_dir(args.json.parent, "json")
+    index = int(device.partition(":")[2] or 0)
+    device_name = "cpu" if device == "cpu" else machine.gpus[index]["name"]
+    threads = args.threads or (default_threads() if device == "cpu" else 0)
+    dtypes = ["float32"] + (["bfloat16"] if device == "cpu" or machine.gpus[index]["bf16"] else []) \
+        + ([] if device == "cpu" else ["float16"])
+    needs = peaks.roof_needs(device, device_name, threads, dtypes)
+    key = machine_key(collect(machine, ""))
+    console = default_console()
+    # a bad store is refused before anything is measured
+    with Store.open(args.store) if args.store else contextlib.nullcontext() as store:
+        if store is not None:
+            runs = store.runs()
+            mine = runs.loc[runs["machine_key"] == key, "run_id"]
+            needs = peaks.unique(needs + peaks.Peaks(store.peaks(key)).missing(run_needs(store, mine)))
+        with console.status(f"measuring {len(needs)} peaks on {device_name}"):
+            rows, account = watched(lambda: measure(needs))
+        if store is not None:
+            store.add_peaks(key, rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    show(console, rows, device_name, threads, key, args.store)
+    if account["contended"]:
+        console.print("warning" + busy_note(account, args.store), markup=False, soft_wrap=True)
+    return 0
+
+
+def run_needs(store, run_ids) -> list[dict[str, Any]]:
+    """The kernels and roofs these runs' readings need (rlperf.peaks.needs_for_work)."""
+    needs = []
+    for run_id in run_ids:
+        for summary in store.samples(run_id)["summary"]:
+            if summary.get("work"):
+                needs += peaks.needs_for_work(summary["config"]["device"], summary["device_name"],
+                                              summary["work"]["threads"], summary["work"])
+    return peaks.unique(needs)
+
+
+def fill_missing(store, key: str, run_id: str, say: Callable[[str], None]) -> None:
+    """Measures, in a fresh interpreter, what run `run_id`'s reading needs and the store lacks a quiet
+    measurement of for machine `key`; a probe that fails costs the report its roofline, never the run."""
+    missing = peaks.Peaks(store.peaks(key)).missing(run_needs(store, [run_id]))
+    again = f"`rlperf probe --store {store.path}` measures them again"
+    if not missing:
+        say(f"peaks: every peak this run needs is stored for this machine ({again})")
+        return
+    started = time.monotonic()
+    try:
+        rows, account = watched(lambda: measure_in_subprocess(missing))
+    except BadInput as exc:
+        say(f"{exc}; the report goes without its roofline ({again})")
+        return
+    store.add_peaks(key, rows, run_id)
+    say(f"peaks: measured {len(rows)} in {time.monotonic() - started:.1f} s" + busy_note(account, store.path))
+
+
+def watched(measuring: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows `measuring` returns, each with the account of other processes' load meanwhile (as a trainer
+    repeat's): the reader prefers rows measured on a quiet machine."""
+    from profilers.interference import InterferenceMonitor
+
+    monitor = InterferenceMonitor()
+    monitor.start()
+    rows = measuring()
+    account = monitor.stop()
+    for row in rows:
+        row["method"]["interference"] = {name: account[name] for name in ("contended", "why", "others_cores")}
+    return rows, account
+
+
+def busy_note(account: dict[str, Any], store: Path | None) -> str:
+    if not account["contended"]:
+        return ""
+    again = f"`rlperf probe --store {store}`" if store else "`rlperf probe`"
+    return (f"; other processes were busy meanwhile ({account['why']}), so these peaks may read low: "
+            f"{again} on a quiet machine measures them again")
+
+
+def default_threads() -> int:
+    """The trainer's default: torch's (one per physical core), capped by the cores this process may use."""
+    import torch
+
+    from rlperf.cpus import usable_cores
+
+    return min(torch.get_num_threads(), usable_cores())
+
+
+def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, key: str, store: Path | None) -> None:
+    from rich.table import Table
+
+    from reports.formatting import fmt_method, fmt_peak, fmt_rate
+
+    where = f"{threads} threads" if device_name == "cpu" else device_name
+    table = Table(title=f"peaks of {where}, machine key {key}: median of {TIMINGS} timings")
+    for column in ("what", "dtype", "median", "timings (min – max)", "how"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(fmt_peak(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
+                      f"{fmt_rate(min(row['samples']), row['unit'])} – {fmt_rate(max(row['samples']), row['unit'])}",
+                      fmt_method(row["method"]))
+    console.print(table)
+    console.print("The matrix-product peak is the fastest of these products; memory counts a large copy's reads "
+                  "and writes; a tiny op is one add of one element (its fixed cost). "
+                  + (f"Stored in {store}." if store else "Not stored (--store PATH keeps them)."), soft_wrap=True)
+
+
+# ---- measuring (in the process that owns the device) --------------------------------------------------------
+
+def measure(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Measures every need (rlperf.peaks.need) and returns the rows the store keeps, in the same order.
+
+    Kernels are timed in rounds, one timing of each per round, so that a burst of other work spoils one
+    timing of many kernels (which their medians shrug off) rather than every timing of one; as many at a
+    time as fit in KERNEL_GROUP_BYTES. Roofs, memory, copies and the tiny op are timed one after another."""
+    rows: list[dict[str, Any] | None] = [None] * len(needs)
+    kernels = [index for index, need in enumerate(needs) if need["op"] in peaks.KERNELS]
+    for index, need in enumerate(needs):
+        if index not in kernels:
+            rows[index] = row(need, *measure_one(need["op"], need["dtype"], need["shape"], ready(need)))
+    while kernels:
+        timers, held = {}, 0
+        while kernels and (not timers or held + kernel_bytes(needs[kernels[0]]) <= KERNEL_GROUP_BYTES):
+            index = kernels.pop(0)
+            need, device = needs[index], ready(needs[index])
+            held += kernel_bytes(need)
+            timers[index] = Timer(kernel_call(need["op"], need["dtype"], need["shape"], device),
+                                  peaks.kernel_flops(need["op"], need["shape"]), device, graphed=device.type == "cuda")
+        samples: dict[int, list[float]] = {index: [] for index in timers}
+        for _ in range(TIMINGS):
+            for index, timer in timers.items():
+                ready(needs[index])
+                samples[index].append(timer.rate())
+        for index, timer in timers.items():
+            rows[index] = row(needs[index], *timer.result(samples[index]))
+    return rows
+
+
+def ready(need: dict[str, Any]):
+    """The need's device, with the thread count it is measured at (CPU) or made current (CUDA)."""
+    import torch
+
+    if need["device"] == "cpu":
+        torch.set_num_threads(need["threads"])
+        return torch.device("cpu")
+    device = torch.device(device_index(need["device"]))
+    torch.cuda.set_device(device)
+    if torch.cuda.get_device_name(device) != need["device_name"]:
+        raise BadInput(f"device: {need['device']} is a {torch.cuda.get_device_name(device)}, but the run measured "
+                       f"on it was a {need['device_name']}")
+    return device
+
+
+def row(need: dict[str, Any], value: float, samples: list[float], method: dict[str, Any]) -> dict[str, Any]:
+    return {**{name: need[name] for name in ("device_name", "threads", "op", "dtype", "shape")}, "value": value,
+            "unit": peaks.UNITS[need["op"]], "samples": samples, "method": method}
+
+
+def kernel_bytes(need: dict[str, Any]) -> int:
+    """About what a kernel's operands and result take: its inputs twice (float32 counted, an upper bound)."""
+    shape = need["shape"]
+    if need["op"] in peaks.PRODUCTS:
+        m, k, n = shape
+        return 2 * 4 * (m * k + k * n + m * n)
+    batch, channels, height, width, out_channels, kernel, _ = shape[:7]
+    return 2 * 4 * (batch * channels * height * width * 2 + out_channels * channels * kernel * kernel)
+
+
+def device_index(device: str) -> str:
+    """A point's `cuda` is rank 0's GPU, `cuda:0`."""
+    return device if ":" in device else f"{device}:0"
+
+
+def measure_one(op: str, dtype: str, shape: list[int], device) -> tuple[float, list[float], dict[str, Any]]:
+    import torch
+
+    if op == peaks.ROOF:
+        return roof(dtype, device)
+    if op == peaks.DISPATCH:
+        a, b, c = (torch.zeros(1, device=device) for _ in range(3))
+        return timed(lambda: torch.add(a, b, out=c), 1, device)
+    size = MEMORY_BYTES[device.type] if op == peaks.MEMORY else COPY_BYTES
+    if device.type == "cuda" and op == peaks.MEMORY:
+        size = min(size, torch.cuda.mem_get_info(device)[0] // 8)
+    call, moved = copy_call(op, size // 4, device)
+    value, samples, method = timed(call, moved, device)
+    return value, samples, {**method, "bytes": size // 4 * 4}
+
+
+def roof(dtype, device) -> tuple[float, list[float], dict[str, Any]]:
+    """The fastest of the square products of ROOF_SIDES, larger ones tried while one call promises to take at
+    most ROOF_CALL_S (a side twice as long is eight times the work)."""
+    best = None
+    sides = {}
+    for side in peaks.ROOF_SIDES["cpu" if device.type == "cpu" else "cuda"]:
+        shape = [side] * 3
+        value, samples, method = timed(kernel_call("mm", dtype, shape, device), peaks.kernel_flops("mm", shape), device)
+        sides[side] = value
+        if best is None or value > best[0]:
+            best = value, samples, {**method, "shape": shape}
+        if 8 * peaks.kernel_flops("mm", shape) / value > peaks.ROOF_CALL_S:
+            break
+    return best[0], best[1], {**best[2], "sides": sides}
+
+
+def kernel_call(op: str, dtype: str, shape: list[int], device) -> Callable[[], Any]:
+    import torch
+    import torch.nn.functional as F
+
+    def tensor(*sizes: int):
+        return torch.randn(*sizes, device=device).to(getattr(torch, dtype))
+
+    if op in peaks.PRODUCTS:
+        m, k, n = shape
+        if op == "linear":
+            x, weight, bias = tensor(m, k), tensor(n, k), tensor(n)
+            return lambda: F.linear(x, weight, bias)
+        a = tensor(m, k) if op == "mm" else tensor(k, m).t()
+        b = tensor(k, n)
+        return lambda: torch.mm(a, b)
+    batch, channels, height, width, out_channels, kernel, stride = shape[:7]
+    images, weight, bias = tensor(batch, channels, height, width), tensor(out_channels, channels, kernel, kernel), \
+        tensor(out_channels)
+    if op == "conv":
+        return lambda: F.conv2d(images, weight, bias, stride=stride)
+    grad = tensor(batch, out_channels, *peaks.conv_output(height, width, kernel, stride))
+    mask = [bool(shape[7]), True, True]
+    return lambda: torch.ops.aten.convolution_backward(grad, images, weight, [out_channels], [stride, stride], [0, 0],
+                                                       [1, 1], False, [0, 0], 1, mask)
+
+
+def copy_call(op: str, elements: int, device) -> tuple[Callable[[], Any], int]:
+    """A copy and the bytes it moves: reads and writes for memory, the bytes copied for host<->device."""
+    import torch
+
+    if op == peaks.MEMORY:
+        source, target = torch.ones(elements, device=device), torch.zeros(elements, device=device)
+        return (lambda: target.copy_(source)), 2 * elements * 4
+    host = torch.ones(elements, pin_memory=op.endswith("pinned"))
+    on_device = torch.zeros(elements, device=device)
+    pinned = op.endswith("pinned")
+    if op.startswith("h2d"):
+        return (lambda: on_device.copy_(host, non_blocking=pinned)), elements * 4
+    return (lambda: host.copy_(on_device, non_blocking=pinned)), elements * 4
+
+
+class Timer:
+    """One quantity made ready to time (module docstring): warmed up, its calls per timing sized, on a GPU
+    captured as a CUDA graph of those calls."""
+
+    def __init__(self, call: Callable[[], Any], work: float, device, graphed: bool = False):
+        import torch
+
+        self.work, self.device, self.graphed = work, device, graphed
+        # A graph is captured on a side stream, and warmed up on it first: libraries set up per-stream state
+        # (cuBLAS workspaces) on their first call there, which must not happen during capture.
+        stream = torch.cuda.Stream(device) if graphed else None
+        self.warmup_calls, start = 0, time.perf_counter()
+        with torch.cuda.stream(stream) if graphed else contextlib.nullcontext():
+            while self.warmup_calls < MIN_WARMUP_CALLS or time.perf_counter() - start < WARMUP_S:
+                call()
+                self.warmup_calls += 1
+        # The first calls set up caches and kernels: the calls per timing come from the warm-up's second half.
+        calibration = max(1, self.warmup_calls // 2)
+        self.sync()
+        started = time.perf_counter()
+        for _ in range(calibration):
+            call()
+        self.sync()
+        self.batch = batch = max(1, math.ceil(TIMING_S * calibration / (time.perf_counter() - started)))
+        if graphed:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(batch):
+                    call()
+            self.run_batch = graph.replay
+        else:
+            def run_batch() -> None:
+                for _ in range(batch):
+                    call()
+            self.run_batch = run_batch
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def rate(self) -> float:
+        """One timing: work per second over `batch` calls."""
+        self.sync()
+        started = time.perf_counter()
+        self.run_batch()
+        self.sync()
+        return self.work * self.batch / (time.perf_counter() - started)
+
+    def result(self, samples: list[float]) -> tuple[float, list[float], dict[str, Any]]:
+        return median(samples), samples, {"timings": len(samples), "calls_per_timing": self.batch,
+                                          "warmup_calls": self.warmup_calls, "graphed": self.graphed}
+
+
+def timed(call: Callable[[], Any], work: float, device) -> tuple[float, list[float], dict[str, Any]]:
+    """The median rate (work per second) of TIMINGS timings in a row."""
+    timer = Timer(call, work, device)
+    return timer.result([timer.rate() for _ in range(TIMINGS)])
+
+
+def measure_in_subprocess(needs: list[dict[str, Any]], python: str = sys.executable) -> list[dict[str, Any]]:
+    """`measure` in a fresh interpreter, so that the harness never holds a CUDA context of its own."""
+    try:
+        done = subprocess.run([python, "-m", "benches.peaks"], input=json.dumps(needs), capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BadInput(f"peaks: the probe did not finish within {PROBE_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BadInput(f"peaks: the probe failed: {last}")
+    return json.loads(done.stdout)
+
+
+if __name__ == "__main__":
+    try:
+        json.dump(measure(json.loads(sys.stdin.read())), sys.stdout)
+    except BadInput as exc:
+        sys.exit(str(exc))
+    sys.stdout.write("\n")

@@ -1,0 +1,144 @@
+"""A machine's measured peaks, and the kernels both the trainer's work counts and the probe name.
+
+The trainer counts, per phase, the matrix products and convolutions it runs (reference_trainer/work.py);
+the probe (benches/peaks.py, `rlperf probe`) times those same kernels at the same shapes, and the machine's
+roofs: its fastest large matrix products, memory bandwidth, host<->device copies and the cost of one tiny op.
+The store keeps each measurement as a row of its `peaks` table (rlperf.store.PEAK_COLUMNS) keyed by
+machine_key; reports read them through `Peaks`. Importing this module stays cheap (no torch).
+
+Kernels, each `(op, dtype, shape)`; a product's shape is `[M, K, N]` (an `[M, K]` by `[K, N]` product):
+- `linear`: `x @ W.T + b` with `x` [M, K] and `W` [N, K], as a layer's forward runs it;
+- `mm`: `a @ b`, both stored as they are used (a layer's gradient with respect to its input);
+- `mm_tn`: `a.T @ b` with `a` stored [K, M] (a layer's gradient with respect to its weight);
+- `conv`: `[B, C, H, W, O, kernel, stride]`, a convolution of B images of C x H x W into O channels;
+- `conv_backward`: the same shape and a last entry 1 when the input's gradient is needed, 0 when only the
+  weight's is (a first layer, whose input is the observation).
+FLOPs count two per multiply-add and leave biases out, as torch's FlopCounterMode counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+PRODUCTS = ("linear", "mm", "mm_tn")
+CONVOLUTIONS = ("conv", "conv_backward")
+KERNELS = PRODUCTS + CONVOLUTIONS
+# The roof: the fastest square product of the sizes ROOF_SIDES tried (a size is tried only while one call of
+# it promises to take at most ROOF_CALL_S, so a dtype the device computes slowly costs no minutes).
+ROOF = "roof"
+ROOF_SIDES = {"cpu": (256, 512, 1024, 2048), "cuda": (1024, 2048, 4096, 8192)}
+ROOF_CALL_S = 0.1
+# Bytes moved per second: `memory` counts reads and writes of a large copy (the roofline's bandwidth), the
+# host<->device ones the bytes copied. On a CPU there is no device: its copies are memory to memory.
+MEMORY = "memory"
+COPIES = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+DISPATCH = "dispatch"  # tiny ops per second: the fixed cost of one op (a dispatch on a CPU, a launch on a GPU)
+UNITS = {**{op: "FLOP/s" for op in (*KERNELS, ROOF)}, MEMORY: "B/s", **{op: "B/s" for op in COPIES}, DISPATCH: "op/s"}
+# Over 100% of a measured ceiling can only mean wrong counts or wrong peaks; a little timing jitter is not
+# allowed for: the ceilings are medians of repeated timings of work that the phase does and more.
+CEILING_TOLERANCE = 1.0
+
+
+def conv_output(height: int, width: int, kernel: int, stride: int) -> tuple[int, int]:
+    return (height - kernel) // stride + 1, (width - kernel) // stride + 1
+
+
+def kernel_flops(op: str, shape: list[int]) -> int:
+    """FLOPs of one call of a kernel (module docstring)."""
+    if op in PRODUCTS:
+        m, k, n = shape
+        return 2 * m * k * n
+    if op in CONVOLUTIONS:
+        batch, channels, height, width, out_channels, kernel, stride = shape[:7]
+        out_h, out_w = conv_output(height, width, kernel, stride)
+        forward = 2 * batch * out_channels * out_h * out_w * channels * kernel * kernel
+        return forward if op == "conv" else forward * (1 + shape[7])
+    raise ValueError(f"unknown kernel {op!r} (allowed: {', '.join(KERNELS)})")
+
+
+def thread_key(device_name: str, threads: int) -> int:
+    """Threads matter on a CPU; a GPU's peaks do not depend on the host's thread count (stored as 0)."""
+    return int(threads) if device_name == "cpu" else 0
+
+
+def key(device_name: str, threads: int, op: str, dtype: str, shape: list[int]) -> tuple:
+    return device_name, thread_key(device_name, threads), op, dtype, json.dumps(list(shape))
+
+
+def needs_for_work(device: str, device_name: str, threads: int, work: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a run's reading needs measured: the roofs of its device and thread count at fp32 and at the
+    dtype it computed in, and every kernel its phases ran. `work` is a trainer summary's `work`."""
+    dtypes = list(dict.fromkeys(["float32", work["dtype"]]))
+    needs = roof_needs(device, device_name, threads, dtypes)
+    for phase in work["phases"].values():
+        needs += [need(device, device_name, threads, k["op"], work["dtype"], k["shape"]) for k in phase["kernels"]]
+    return unique(needs)
+
+
+def roof_needs(device: str, device_name: str, threads: int, dtypes: list[str]) -> list[dict[str, Any]]:
+    needs = [need(device, device_name, threads, ROOF, dtype, []) for dtype in dtypes]
+    needs += [need(device, device_name, threads, MEMORY, "", []), need(device, device_name, threads, DISPATCH, "", [])]
+    if device != "cpu":
+        needs += [need(device, device_name, threads, op, "", []) for op in COPIES]
+    return needs
+
+
+def need(device: str, device_name: str, threads: int, op: str, dtype: str, shape: list[int]) -> dict[str, Any]:
+    return {"device": device, "device_name": device_name, "threads": thread_key(device_name, threads), "op": op,
+            "dtype": dtype, "shape": list(shape)}
+
+
+def unique(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list({key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]): n for n in needs}.values())
+
+
+def busy(row: dict[str, Any]) -> bool:
+    """Whether other processes were busy while the row was measured (the harness's interference account)."""
+    return bool((row["method"].get("interference") or {}).get("contended"))
+
+
+class Peaks:
+    """For one machine, each quantity's newest measurement taken on a quiet machine, or its newest at all
+    when every one was taken beside other work (rows of the store's `peaks` table)."""
+
+    def __init__(self, rows: pd.DataFrame):
+        self.by_key: dict[tuple, dict[str, Any]] = {}
+        if not rows.empty:
+            for row in rows.sort_values("measured_at", kind="stable").to_dict("records"):
+                at = key(row["device_name"], row["threads"], row["op"], row["dtype"], row["shape"])
+                if at not in self.by_key or busy(self.by_key[at]) or not busy(row):
+                    self.by_key[at] = row
+
+    def missing(self, needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The needs with no measurement taken on a quiet machine yet."""
+        def quiet(n: dict[str, Any]) -> bool:
+            row = self.by_key.get(key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]))
+            return row is not None and not busy(row)
+
+        return [n for n in unique(needs) if not quiet(n)]
+
+    def of_device(self, device_name: str, threads: int) -> list[dict[str, Any]]:
+        """The rows of this device at this thread count."""
+        at = device_name, thread_key(device_name, threads)
+        return [row for (name, t, *_), row in self.by_key.items() if (name, t) == at]
+
+    def value(self, device_name: str, threads: int, op: str, dtype: str = "", shape: list[int] = ()) -> float:
+        row = self.by_key.get(key(device_name, threads, op, dtype, list(shape)))
+        return float(row["value"]) if row else math.nan
+
+    def matmul_peak(self, device_name: str, threads: int, dtype: str) -> float:
+        """The roof: the fastest matrix product or convolution measured on this device at this dtype, the
+        model's own included (so no kernel's rate exceeds it)."""
+        rates = [row["value"] for (name, t, op, d, _), row in self.by_key.items()
+                 if (name, t, d) == (device_name, thread_key(device_name, threads), dtype) and op in (*KERNELS, ROOF)]
+        return max(rates, default=math.nan)
+
+    def kernel_seconds(self, device_name: str, threads: int, dtype: str, kernels: list[dict[str, Any]]) -> float:
+        """Seconds per agent step the kernels take at their measured rates (NaN when one is unmeasured)."""
+        return sum(k["per_step"] * kernel_flops(k["op"], k["shape"])
+                   / self.value(device_name, threads, k["op"], dtype, k["shape"]) for k in kernels)
+

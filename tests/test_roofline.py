@@ -1,0 +1,275 @@
+"""Work counted per phase against torch's own counter, peaks measured and stored, and every phase of a real
+run held against them: no ratio may exceed 100%."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from benches import peaks as probe
+from benches.sweep import Sweep, SweepOptions
+from reference_trainer.config import TrainConfig, validate
+from reference_trainer.train import Rank, Trainer
+from reports import roofline
+from reports.render import render
+from reports.rundata import load
+from rlperf import peaks
+from rlperf.cli import main
+from rlperf.machine import Machine
+from rlperf.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"env": "synthetic", "num_envs": 8, "horizon": 4, "minibatch_size": 16, "hidden_size": 16, "total_steps": 256}
+PIXELS = {"obs_shape": "4,40,40", "obs_dtype": "uint8", "encoder": "cnn", "cnn_channels": 4}
+CONFIGS = {
+    "lstm": {},
+    "mlp core": {"lstm": False},
+    "two env groups": {"env_groups": 2},
+    "bf16": {"dtype": "bf16"},
+    "cnn": PIXELS,
+    "cnn, mlp core": {**PIXELS, "lstm": False},
+    "2-d observations, 3 update epochs": {"obs_shape": "3,5", "update_epochs": 3},
+    "catch (pixels, next-step reset)": {"env": "catch", "encoder": "cnn", "cnn_channels": 4, "obs_size": 32},
+}
+
+
+def trainer(**settings) -> Trainer:
+    values = {**SMALL, **settings}
+    if values["env"] != "synthetic":
+        values.pop("obs_size")
+    torch.manual_seed(0)
+    return Trainer(validate(TrainConfig(**values)), torch.device("cpu"), Rank(), None, 0)
+
+
+def flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+class KernelLog(TorchDispatchMode):
+    """The products and convolutions actually run, named and shaped as rlperf.peaks names them."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == "addmm":
+            x, weight_t = args[1], args[2]
+            self.add("linear", [x.shape[0], x.shape[1], weight_t.shape[1]])
+        elif name == "mm":
+            a, b = args
+            transposed = a.stride(0) == 1 and a.stride(1) != 1
+            self.add("mm_tn" if transposed else "mm", [a.shape[0], a.shape[1], b.shape[1]])
+        elif name == "convolution":
+            images, weight, stride = args[0], args[1], args[3]
+            self.add("conv", [*images.shape, weight.shape[0], weight.shape[2], stride[0]])
+        elif name == "convolution_backward":
+            images, weight, stride, mask = args[1], args[2], args[4], args[-1]
+            self.add("conv_backward", [*images.shape, weight.shape[0], weight.shape[2], stride[0], int(mask[0])])
+        return func(*args, **(kwargs or {}))
+
+    def add(self, op: str, shape: list[int]) -> None:
+        self.kernels[canonical(op, shape)] += 1
+
+
+def canonical(op: str, shape: list[int]) -> tuple:
+    # A product with one row is laid out alike whether stored transposed or not.
+    if op == "mm_tn" and shape[0] == 1:
+        op = "mm"
+    return op, tuple(int(size) for size in shape)
+
+
+def logged(fn) -> Counter:
+    with KernelLog() as log:
+        fn()
+    return log.kernels
+
+
+@pytest.mark.parametrize("settings", CONFIGS.values(), ids=CONFIGS.keys())
+def test_counted_flops_and_kernels_match_what_torch_runs(settings):
+    """Per call of each phase: FLOPs equal FlopCounterMode's on the trainer's own rollout step, forward+loss
+    and backward+optimizer step, and the kernels listed are the ones dispatched, shape for shape."""
+    t = trainer(**settings)
+    calls = {"eval_forward": t.step_fns[0], "train_forward": t.minibatch.forward_loss, "learn": t.learn_fn}
+    for phase, call in calls.items():
+        counted = t.work["phases"][phase]
+        per_call = counted["flops"] / counted["calls"]
+        if phase == "learn":
+            t.minibatch.forward_loss()
+        measured = flops(call)
+        assert per_call == pytest.approx(measured, rel=1e-9), f"{phase}: counted {per_call:,.0f}, torch {measured:,}"
+        listed = Counter()
+        for kernel in counted["kernels"]:
+            listed[canonical(kernel["op"], kernel["shape"])] += round(kernel["per_step"] / counted["calls"])
+        if phase == "learn":
+            t.minibatch.forward_loss()
+        assert logged(call) == listed, phase
+
+
+def test_a_whole_rollout_and_update_do_the_counted_work_per_agent_step():
+    """The per-agent-step scaling: a whole epoch's rollout (the bootstrap step included) and update, counted
+    by FlopCounterMode, over the agent steps of the epoch."""
+    t = trainer(update_epochs=2, env_groups=2)
+    steps = t.cfg.batch_size
+    phases = t.work["phases"]
+    t.start_steady()
+    t.start_epoch(0)
+    assert flops(t.rollout) == pytest.approx(phases["eval_forward"]["flops"] * steps, rel=1e-9)
+    assert flops(t.update) == pytest.approx((phases["train_forward"]["flops"] + phases["learn"]["flops"]) * steps,
+                                            rel=1e-9)
+
+
+def test_least_bytes_shrink_as_one_call_serves_more_envs_and_with_byte_pixels():
+    def least(phase: str, **settings) -> float:
+        return trainer(**settings).work["phases"][phase]["min_bytes"]
+
+    # the weights are read once per call: more envs per call, fewer bytes per agent step
+    assert least("eval_forward", num_envs=32) < least("eval_forward", num_envs=8)
+    frames = {"obs_shape": "4,40,40", "encoder": "cnn", "cnn_channels": 4}
+    saved = 4 * 40 * 40 * 3  # float32 frames against uint8 ones, per observation read
+    for phase in ("eval_forward", "train_forward"):
+        assert least(phase, **frames) - least(phase, **frames, obs_dtype="uint8") >= saved
+
+
+def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
+    monkeypatch.setitem(probe.MEMORY_BYTES, "cpu", 8 * 2**20)
+    monkeypatch.setitem(peaks.ROOF_SIDES, "cpu", (64, 128))
+    needs = [peaks.need("cpu", "cpu", 1, peaks.ROOF, "float32", []),
+             peaks.need("cpu", "cpu", 1, peaks.MEMORY, "", []), peaks.need("cpu", "cpu", 1, peaks.DISPATCH, "", []),
+             peaks.need("cpu", "cpu", 1, "linear", "float32", [8, 16, 64]),
+             peaks.need("cpu", "cpu", 1, "conv_backward", "float32", [2, 4, 40, 40, 4, 8, 4, 0])]
+    rows = probe.measure(needs)
+    assert [row["op"] for row in rows] == [need["op"] for need in needs]
+    for row in rows:
+        assert len(row["samples"]) == probe.TIMINGS and row["value"] == pd.Series(row["samples"]).median()
+        assert row["value"] > 0 and row["method"]["warmup_calls"] >= probe.MIN_WARMUP_CALLS
+    roof = rows[0]
+    assert set(roof["method"]["sides"]) <= {64, 128} and roof["value"] == max(roof["method"]["sides"].values())
+    assert rows[1]["method"]["bytes"] == 8 * 2**20
+
+
+def test_a_store_from_before_peaks_reads_as_having_none_and_gains_the_table_when_written(tmp_path):
+    """The committed reference store predates peaks: read-only it reads, its report says why it has no
+    roofline; opened for writing it gains the table and stays schema version 1."""
+    old = tmp_path / "results.sqlite"
+    shutil.copy(REPO / "results" / "cpu-xeon-2core" / "results.sqlite", old)
+    with Store.open(old, readonly=True) as store:
+        assert store.peaks().empty and store.row_counts()["peaks"] == 0
+    code, _, (markdown, _) = render(load(str(old)), str(tmp_path / "report"))
+    text = Path(markdown).read_text()
+    assert code == 0 and "## How far from the machine's limits" in text and "did not record `work`" in text
+    with Store.open(old) as store:
+        store.add_peaks("k", [{"device_name": "cpu", "threads": 2, "op": peaks.DISPATCH, "dtype": "", "shape": [],
+                               "value": 1e6, "unit": "op/s", "samples": [1e6], "method": {}}])
+    with sqlite3.connect(old) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    with Store.open(old, readonly=True) as store:
+        assert len(store.peaks("k")) == 1 and store.peaks("other").empty
+
+
+def test_rlperf_probe_prints_and_stores_the_roofs_and_refuses_bad_input(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(probe.MEMORY_BYTES, "cpu", 8 * 2**20)
+    monkeypatch.setitem(peaks.ROOF_SIDES, "cpu", (64, 128))
+    path, rows = tmp_path / "results.sqlite", tmp_path / "peaks.json"
+    assert main(["probe", "--threads", "1", "--store", str(path), "--json", str(rows)]) == 0
+    printed = capsys.readouterr().out
+    assert "median of 7 timings" in printed and "µs/op" in printed
+    measured = json.loads(rows.read_text())
+    assert {row["op"] for row in measured} == {peaks.ROOF, peaks.MEMORY, peaks.DISPATCH}
+    with Store.open(path, readonly=True) as store:
+        assert len(store.peaks()) == len(measured)
+    assert main(["probe", "--device", "cuda:7"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("rlperf probe: error: device: device=cuda:7 needs a CUDA GPU") and "\n" not in error
+    for args, field in ((["--device", "tpu"], "--device"), (["--threads", "0"], "--threads")):
+        with pytest.raises(SystemExit) as exited:
+            main(["probe", *args])
+        assert exited.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert field in error and "\n" not in error and "Traceback" not in error
+
+
+def sweep(tmp_path, axes: str) -> tuple[Path, str]:
+    suite = tmp_path / "roofline.toml"
+    suite.write_text(f"""
+        description = "two points against this machine's peaks"
+        repeats = 1
+        timeout_s = 120
+        sample_hz = 0
+        [fixed]
+        env = "synthetic"
+        horizon = 16
+        hidden_size = 64
+        minibatch_size = 256
+        update_epochs = 1
+        total_steps = 4096
+        threads = 1
+        {axes}
+    """.replace("\n        ", "\n"))
+    run = Sweep(SweepOptions(suite=str(suite), out_dir=tmp_path / "runs"),
+                machine=Machine(torch=torch.__version__, cuda=None, cudnn=None, nccl=None, gpus=[]))
+    assert run.run() == 0
+    return run.store_path, run.run_id
+
+
+def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
+    """A ratio above 100% means the counts or the peaks are wrong. Peaks measured beside other work read low,
+    so they are measured again (up to three times) until a quiet measurement holds them."""
+    store_path, run_id = sweep(tmp_path, """
+        [axes]
+        num_envs = [64]
+        [[sweep]]
+        [[sweep]]
+        obs_shape = ["4,40,40"]
+        obs_dtype = ["uint8"]
+        encoder = ["cnn"]
+        cnn_channels = [8]
+    """)
+    for _ in range(3):
+        run = load(f"{store_path}::{run_id}")
+        found, notes = roofline.analyze(run)
+        if not any(point.busy_peaks for point in found.values()):
+            break
+        with Store.open(store_path) as store:
+            probe.fill_missing(store, run.info["machine_key"], run_id, print)
+    else:
+        pytest.skip("every measurement of the peaks had other processes busy beside it")
+    assert len(found) == 2 and not notes
+    for point in found.values():
+        assert point.over_ceiling() == [], point.reading
+        for phase in point.phases:
+            assert 0 < phase.of_ceiling <= 1 and 0 < phase.of_roof <= 1 and phase.ceiling <= phase.roof
+        assert 0 < point.of_roof <= 1 and "BUG" not in " ".join(point.reading)
+    _, _, (_, html_path) = render(run, str(tmp_path / "report"))
+    html = Path(html_path).read_text()
+    assert "How far from the machine" in html and html.count("arithmetic intensity (FLOP per byte it must move)") == 2
+
+
+def test_a_rate_above_its_ceiling_is_named_a_bug(tmp_path):
+    """The same kind of run, its peaks made a hundred times too low, as peaks measured beside a busy
+    neighbour could be: every model phase reads above 100% and the reading says it is a bug, not a success."""
+    store_path, run_id = sweep(tmp_path, "[axes]\nnum_envs = [32]")
+    run = load(f"{store_path}::{run_id}")
+    said = []
+    with Store.open(store_path) as store:
+        probe.fill_missing(store, run.info["machine_key"], run_id, said.append)
+    if not any(peaks.busy(row) for row in run.peaks.to_dict("records")):
+        assert said[0].startswith("peaks: every peak this run needs is stored")  # measured once per machine
+    run.peaks = run.peaks.assign(value=run.peaks["value"] / 100)
+    (point,) = roofline.analyze(run)[0].values()
+    assert {what for what, _ in point.over_ceiling()} >= {f"{phase} of its ceiling"
+                                                          for phase in roofline.MODEL_PHASES}
+    assert point.reading[0].startswith("BUG: ") and "near its ceiling" not in " ".join(point.reading)
+    assert "(above: a bug)" in roofline.phase_table([point]).to_string()
