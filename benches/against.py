@@ -31,6 +31,7 @@ import pandas as pd
 from rich.console import Console
 
 from benches import suite as suites
+from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.sequential import Design, pairing_entry, pairs_to_decide
@@ -145,6 +146,8 @@ class Against:
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
                     verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
+                    fill_missing(store, key, new_run, lambda text: self.console.print(text, markup=False,
+                                                                                      soft_wrap=True))
                 except KeyboardInterrupt:
                     for run_id in (ref_run, new_run):
                         store.finish_run(run_id, "interrupted")

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
+from benches.peaks import fill_missing
 from benches.cli import add_process_options, raise_interrupt, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports import gate as rules
@@ -217,6 +218,7 @@ class Gate:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), opts.budget_s,
                               start_confirmation=lambda: create("confirm"))
+                    fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
                     for run_id in self.runs.values():
                         store.finish_run(run_id, "interrupted")
