@@ -119,15 +119,15 @@ def test_the_shift_is_corrected_for_picking_the_split():
     """Where a shift barely clears the noise, the split picked is the one noise helped most: the correction
     pulls the estimate back towards the shift drawn in, on average."""
     naive, corrected = [], []
-    for seed in range(30):
-        runs = history(300 + seed, 12, shift_at=6, slower={phase: 1 / 0.9 for phase in SHARES}, run_offset=0.04,
+    for seed in range(40):
+        runs = history(300 + seed, 12, shift_at=6, slower={phase: 1 / 0.9 for phase in SHARES}, run_offset=0.06,
                        process_noise=0.02, repeats=5)
         for change in changepoints.find(runs, threshold=0.05, alpha=0.2):
             if change.metric == "SPS" and change.order == 6:
                 naive.append(change.naive)
                 corrected.append(change.shift.estimate)
-    assert len(naive) >= 10
-    assert abs(np.mean(corrected) + 0.1) < abs(np.mean(naive) + 0.1)
+    assert len(naive) >= 8
+    assert abs(np.mean(corrected) + 0.1) < 0.8 * abs(np.mean(naive) + 0.1)
 
 
 def test_a_significant_shift_below_the_threshold_is_not_a_change_point():
