@@ -31,7 +31,8 @@ from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
 from rlperf import __version__
 from rlperf.cpus import usable_cores
-from rlperf.machine import torch_versions
+from rlperf.machine import cuda_uuid, torch_versions
+from rlperf.torch_api import supported_torch
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
@@ -46,6 +47,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     its copy reads stale data and changes the losses (tests/test_gpu_knobs.py). Refused on a CPU."""
     rank = rank or Rank()
     process_start = time.perf_counter()
+    supported_torch()
     if copy_delay_cycles < 0 or (copy_delay_cycles and not cfg.is_cuda):
         raise ConfigError("copy_delay_cycles", f"is a test hook for CUDA copies: 0, or a positive number of "
                                                f"cycles on a CUDA device (got {copy_delay_cycles} on {cfg.device})")
@@ -653,7 +655,7 @@ def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes
         "dtype_used": str(dtype_used).removeprefix("torch."),
         "world_size": cfg.world_size,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "device_uuid": f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None,
+        "device_uuid": cuda_uuid(device) if device.type == "cuda" else None,
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
                      **torch_versions()},
     }

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlperf.machine import nvml_gpus, probe
+from rlperf.machine import cuda_uuid, nvml_gpus, probe
 from benches.runner import config_mismatch
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
@@ -45,17 +45,13 @@ def per_epoch_losses(summary):
     return [e["losses"] for e in summary["epochs"]]
 
 
-def gpu_uuid(index: int) -> str:
-    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-
-
 def test_a_single_gpu_run_from_the_command_line_keeps_the_requested_device(tmp_path):
     out = tmp_path / "summary.json"
     done = subprocess.run([sys.executable, "-m", "rlperf", "train", *SMALL_RUN, "--device", "cuda", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
-    assert summary["config"]["device"] == "cuda" and summary["device_uuid"] == gpu_uuid(0)
+    assert summary["config"]["device"] == "cuda" and summary["device_uuid"] == cuda_uuid(0)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -68,7 +64,7 @@ def test_two_ranks_use_the_requested_gpus_and_report_the_requested_device(tmp_pa
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
     assert config_mismatch(requested, summary["config"]) is None  # the bench harness's check
-    assert summary["device_uuid"] == gpu_uuid(first) and [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert summary["device_uuid"] == cuda_uuid(first) and [r["rank"] for r in summary["ranks"]] == [0, 1]
 
 
 def test_async_copies_deliver_exactly_what_blocking_copies_do():

@@ -6,6 +6,7 @@ import torch
 
 from profilers.sampler import GPU_METRICS, UtilizationSampler, cuda_visible_entries
 from rlperf.errors import BadInput
+from rlperf.machine import cuda_uuid
 
 
 def _no_nvml(monkeypatch):
@@ -146,8 +147,7 @@ def test_named_uuid_missing_from_nvml_is_reported(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and NVML")
 def test_real_nvml_sees_the_current_device():
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    uuid = cuda_uuid(torch.cuda.current_device())
     with UtilizationSampler(0.05, gpu_uuids=[uuid]) as sampler:
         x = torch.randn(4096, 4096, device="cuda")
         for _ in range(50):
