@@ -60,6 +60,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles)
         epochs = []
         for epoch in range(cfg.num_epochs):
+            if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
+                trainer.capture()
             if epoch == cfg.warmup_epochs:
                 trainer.start_steady()
             trainer.start_epoch(epoch)
@@ -222,26 +224,23 @@ class Trainer:
     def compile_seconds(self) -> float:
         return self.capture_seconds + sum(call.seconds for call in self.first_calls)
 
-    def start_steady(self) -> None:
-        """Capture, then the profiler, then the steady clock: capture's launches are never traced, and
-        neither is charged to a steady epoch."""
-        if self.cfg.cuda_graphs:
-            capture_start = time.perf_counter()
-            self.capture_graphs()
-            self.capture_seconds += time.perf_counter() - capture_start
-        if self.cfg.trace_dir:
-            self.profiler = start_profiler(self.cfg, self.device, self.rank.rank)
-        self.warmup_end = time.perf_counter()
-        self.steady_start_ns = time.time_ns()
-
-    def capture_graphs(self) -> None:
-        """Replaces the eager steps and update with CUDA graphs, after eager warm-up epochs ran them on the
-        same stream (validate() refuses cuda_graphs without a warm-up epoch: Adam's state, created at its
-        first step, and compilation must not be captured).
+    def capture(self) -> None:
+        """Replaces the eager steps and update with CUDA graphs before the last warm-up epoch (validate() asks
+        for two or more with cuda_graphs). The eager epochs before it ran them on the same stream, so Adam's
+        state, created at its first step, and compilation are not captured; the warm-up epoch after it replays
+        every graph, so the first replays' one-time costs (each graph's upload, and the eager temporaries
+        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts.
 
         Capture records kernels without running them, so no state advances here. The update is two graphs
         (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
         pool because the backward graph reads what the forward graph saved."""
+        if self.cfg.trace_dir:
+            # A trace shows a graph's kernels, all of them and on time, only if the profiler set up CUPTI before
+            # the graph was captured (pytorch#75504); an empty profiling session first is torch's own remedy
+            # (pytorch#100441, torch.profiler._utils._init_for_cuda_graphs), written here with public API.
+            with torch.profiler.profile(activities=profiler_activities(self.device)):
+                pass
+        capture_start = time.perf_counter()
         step_graphs = [torch.cuda.CUDAGraph() for _ in self.step_fns]
         for graph, step_fn in zip(step_graphs, self.step_fns):
             with torch.cuda.graph(graph, stream=self.compute_stream):
@@ -253,6 +252,15 @@ class Trainer:
             self.learn_fn()
         self.step_fns = [graph.replay for graph in step_graphs]
         self.forward_fn, self.learn_fn = forward_graph.replay, learn_graph.replay
+        self.capture_seconds += time.perf_counter() - capture_start
+
+    def start_steady(self) -> None:
+        """The profiler, then the steady clock: the profiler's start is charged to no steady epoch, and
+        capture, an epoch earlier, is never traced."""
+        if self.cfg.trace_dir:
+            self.profiler = start_profiler(self.cfg, self.device, self.rank.rank)
+        self.warmup_end = time.perf_counter()
+        self.steady_start_ns = time.time_ns()
 
     def start_epoch(self, epoch: int) -> None:
         traced = self.profiler is not None and epoch < self.cfg.warmup_epochs + self.cfg.trace_epochs
@@ -601,6 +609,13 @@ def trace_file_name(rank: int) -> str:
     return "trace.json.gz" if rank == 0 else f"trace.rank{rank}.json.gz"
 
 
+def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
 def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
     """Starts recording the next `trace_epochs` epochs. The profiler's warm-up step is taken here, outside
     every epoch, so its start-up cost lands in no traced or timed epoch."""
@@ -608,12 +623,8 @@ def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
 
     out = Path(cfg.trace_dir)
     out.mkdir(parents=True, exist_ok=True)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-
     profiler = torch.profiler.profile(
-        activities=activities,
+        activities=profiler_activities(device),
         schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.trace_epochs, repeat=1),
         on_trace_ready=functools.partial(export_trace, out / trace_file_name(rank)),
     )

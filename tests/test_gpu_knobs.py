@@ -7,11 +7,11 @@ epoch boundaries), a cudaFree from the caching allocator, or anything in torch.d
 reducer is outside it; DDP also needs rank processes and two GPUs, which an in-process check cannot have.
 """
 
-import gzip
 import json
 import math
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -19,11 +19,12 @@ import torch
 
 from rlperf.machine import cuda_uuid, nvml_gpus, probe
 from benches.runner import config_mismatch
+from profilers import trace_events
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
-from reference_trainer.train import train
+from reference_trainer.train import Trainer, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -122,19 +123,59 @@ def actions_taken(monkeypatch, **knobs) -> np.ndarray:
 def test_the_trainers_step_graph_draws_fresh_noise_at_every_replay(monkeypatch):
     eager = actions_taken(monkeypatch)
     graphed = actions_taken(monkeypatch, cuda_graphs=True)
-    replayed = graphed[BASE["warmup_epochs"] * BASE["horizon"]:]  # the steps the captured graph took
+    replayed = graphed[(BASE["warmup_epochs"] - 1) * BASE["horizon"]:]  # the steps the captured graph took
     assert all(not np.array_equal(a, b) for a, b in zip(replayed, replayed[1:]))
     assert (np.bincount(replayed.ravel(), minlength=TrainConfig().num_actions) > 0).all()
     # noise frozen at capture would sample other actions than eager's fresh draws from the same logits
     assert (graphed == eager).mean() > 0.99
 
 
-def test_capture_is_not_traced(tmp_path):
-    summary = train(cuda_cfg(cuda_graphs=True, trace_dir=str(tmp_path)))
-    with gzip.open(summary["trace"], "rt") as f:
-        names = {event.get("name", "") for event in json.load(f)["traceEvents"]}
-    assert any("GraphLaunch" in name for name in names)
+def test_every_graph_is_replayed_before_the_steady_clock_starts(monkeypatch):
+    # Capture empties the allocator's cache and a graph's first launch uploads it: both belong to the
+    # warm-up epoch replaying the graphs, never to a steady one.
+    log = []
+
+    def logged(method, event: str):
+        def call(graph):
+            method(graph)
+            log.append((event, id(graph)))
+        return call
+
+    def start_steady(trainer_self, start_steady=Trainer.start_steady):
+        log.append(("steady", None))
+        start_steady(trainer_self)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", logged(torch.cuda.CUDAGraph.capture_end, "captured"))
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", logged(torch.cuda.CUDAGraph.replay, "replayed"))
+    monkeypatch.setattr(Trainer, "start_steady", start_steady)
+    train(cuda_cfg(cuda_graphs=True), on_epoch=lambda record: log.append(("epoch", record["epoch"])))
+    before_steady = log[:log.index(("steady", None))]
+    captured = [graph for event, graph in before_steady if event == "captured"]
+    assert len(captured) == 1 + 2  # the rollout step (one group) and the update's two halves
+    first_capture = min(log.index(("captured", graph)) for graph in captured)
+    # captured after the eager warm-up epochs, before the last warm-up epoch
+    assert before_steady[first_capture - 1] == ("epoch", BASE["warmup_epochs"] - 2)
+    assert set(captured) <= {graph for event, graph in before_steady if event == "replayed"}
+
+
+def test_capture_is_not_traced_and_traced_replays_keep_their_kernels(tmp_path):
+    # Graphs captured before the profiler first sets up CUPTI lose or mistime their kernels in a later trace
+    # (pytorch#75504): every graph launch inside the traced epoch must have its kernels, inside that epoch.
+    cfg = cuda_cfg(cuda_graphs=True, trace_dir=str(tmp_path))
+    summary = train(cfg)
+    trace = trace_events.load(summary["trace"])
+    names = {event.get("name", "") for event in trace["traceEvents"]}
     assert not [name for name in names if "Capture" in name or "GraphInstantiate" in name]
+    [step] = trace_events.profiler_steps(trace)  # trace_epochs = 1
+    start, end = step["ts"], step["ts"] + step["dur"]
+    launches = [event for event in trace_events.complete_events(trace, ("cuda_runtime", "cuda_driver"))
+                if "GraphLaunch" in event["name"] and start <= event["ts"] <= end]
+    minibatches = cfg.update_epochs * cfg.envs_per_rank // cfg.minibatch_sequences_per_rank
+    assert len(launches) == cfg.horizon + 1 + 2 * minibatches  # every step, the bootstrap value, the updates
+    kernels = Counter(event["args"]["correlation"] for event in trace_events.complete_events(trace, "kernel")
+                      if start <= event["ts"] and event["ts"] + event["dur"] <= end)
+    without_kernels = [launch["ts"] for launch in launches if not kernels[launch["args"]["correlation"]]]
+    assert not without_kernels, f"{len(without_kernels)} of {len(launches)} graph launches show no kernel"
 
 
 @pytest.mark.parametrize("dtype, expected", [("bf16", "bfloat16"), ("fp16", "float16")])

@@ -12,12 +12,13 @@ from reference_trainer.train import rank_device, trace_file_name, train, trainin
 SMALL = dict(env="synthetic", num_envs=8, horizon=4, minibatch_size=16, hidden_size=8, total_steps=96, threads=1)
 
 
-def test_cuda_graphs_need_an_eager_warmup_epoch_before_capture():
-    cfg = TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 0})
+@pytest.mark.parametrize("warmup_epochs", [0, 1])
+def test_cuda_graphs_need_two_warmup_epochs_one_eager_and_one_replayed(warmup_epochs):
+    cfg = TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": warmup_epochs})
     with pytest.raises(ConfigError) as refused:
         validate(cfg)
-    assert refused.value.field_name == "warmup_epochs"
-    validate(TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 1}))
+    assert refused.value.field_name == "warmup_epochs" and f"(got {warmup_epochs})" in str(refused.value)
+    validate(TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 2}))
 
 
 @pytest.mark.parametrize("requested, local_rank, expected", [
