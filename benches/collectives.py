@@ -32,7 +32,8 @@ from typing import Any, Callable
 from rlperf.arguments import positive_float, positive_int
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput
-from rlperf.processes import RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks
+from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks,
+                              rank_gpu)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 BACKENDS = ("gloo", "nccl")
@@ -255,8 +256,10 @@ def run_external_rank(args: argparse.Namespace) -> int:
         raise BadInput(f"world_size: the launcher started {world_size} ranks but --world-size is {args.world_size}")
     nccl = torch.cuda.is_available() and dist.is_nccl_available()
     backend = args.backend or ("nccl" if nccl else "gloo")
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    check_backend(backend, world_size, local_ranks, torch.cuda.device_count(), nccl)
+    gpus = torch.cuda.device_count()
+    # A rank the launcher gave one GPU uses it (rank_gpu): the other local ranks have GPUs of their own.
+    local_ranks = 1 if gpus == 1 else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_backend(backend, world_size, local_ranks, gpus, nccl)
     settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                         args.rank_timeout)
     store = None
@@ -284,7 +287,7 @@ def measure(settings: Settings, heartbeat: Heartbeat, timeout: timedelta) -> dic
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", settings.world_size))
     on_gpu = settings.backend == "nccl"
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(local_rank, torch.cuda.device_count())) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     heartbeat.at(JOINING)  # not progress yet: the start-up grace lasts until every rank has joined

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlperf.machine import Machine
+from rlperf.processes import RANK_DIR_ENV, rank_gpu
 from reference_trainer.config import ConfigError, TrainConfig, validate
 from reference_trainer.train import rank_device, trace_file_name, train, training_device
 
@@ -62,6 +63,28 @@ def test_a_cuda_device_the_machine_lacks_is_refused(monkeypatch):
         training_device(validate(TrainConfig(**{**SMALL, "device": "cuda:1", "world_size": 2})), local_rank=1)
     assert refused.value.field_name == "device" and "needs GPU 2, but 2 are visible" in str(refused.value)
     assert training_device(validate(TrainConfig(**{**SMALL, "device": "cuda"})), local_rank=1) == torch.device("cuda:1")
+
+
+@pytest.mark.parametrize("local_rank, visible, launched_here, expected", [
+    (3, 1, False, 0),  # SLURM or Kubernetes gave this rank one GPU: it is GPU 0 of what the rank sees
+    (3, 8, False, 3),  # torchrun on a whole node: LOCAL_RANK picks the GPU
+    (1, 1, True, 1),  # ranks rlperf starts see the whole machine: one GPU there is all the machine has
+    (0, 1, True, 0),
+])
+def test_a_rank_given_one_gpu_uses_it(local_rank, visible, launched_here, expected):
+    environ = {RANK_DIR_ENV: "/tmp/ranks"} if launched_here else {"CUDA_VISIBLE_DEVICES": "GPU-1234"}
+    assert rank_gpu(local_rank, visible, environ) == expected
+
+
+def test_a_one_gpu_rank_trains_on_it_and_an_offset_it_cannot_honour_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    four_ranks = dict(SMALL, device="cuda", world_size=4, num_envs=16, minibatch_size=64)
+    gpu = rank_gpu(local_rank=3, visible_gpus=1, environ={})
+    assert training_device(validate(TrainConfig(**four_ranks)), gpu) == torch.device("cuda:0")
+    with pytest.raises(ConfigError) as refused:
+        training_device(validate(TrainConfig(**{**four_ranks, "device": "cuda:1"})), gpu)
+    assert refused.value.field_name == "device" and "needs GPU 1, but 1 are visible" in str(refused.value)
 
 
 def test_the_copy_delay_hook_is_refused_on_a_cpu():
