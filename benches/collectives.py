@@ -80,9 +80,18 @@ def element_counts(op: str, min_bytes: int, max_bytes: int, world_size: int) -> 
 
 
 def bandwidth_row(op: str, backend: str, world_size: int, nbytes: int, repeat: int, seconds: float) -> dict:
-    algbw = nbytes / seconds / 1e9
+    """One timed call. A call clocked at zero (one nccl rank's in-place call moves nothing, and its two
+    events can read 0.0 ms) has no bandwidth: None, stored as NULL."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else None
     return {"op": op, "backend": backend, "world_size": world_size, "bytes": nbytes, "repeat": repeat,
-            "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world_size)}
+            "time_us": seconds * 1e6, "algbw_gbps": algbw,
+            "busbw_gbps": None if algbw is None else algbw * bus_factor(op, world_size)}
+
+
+def median_bandwidth(rows: list[dict], key: str) -> str:
+    """The median over the calls that have a bandwidth, or a dash when none has."""
+    values = [row[key] for row in rows if row[key] is not None]
+    return f"{median(values):.3f}" if values else "–"
 
 
 BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
@@ -461,8 +470,8 @@ def show(console, result: dict, run_id: str, store_path: Path) -> None:
             table.add_section()
         times = [row["time_us"] for row in group]
         table.add_row(op if op != previous_op else "", format_bytes(nbytes), f"{median(times):,.1f}",
-                      f"{min(times):,.1f}–{max(times):,.1f}", f"{median(row['algbw_gbps'] for row in group):.3f}",
-                      f"{median(row['busbw_gbps'] for row in group):.3f}")
+                      f"{min(times):,.1f}–{max(times):,.1f}", median_bandwidth(group, "algbw_gbps"),
+                      median_bandwidth(group, "busbw_gbps"))
         previous_op = op
     console.print(table)
     console.print(f"stored run {run_id} in {store_path} ({len(rows)} rows); `rlperf report {store_path}` renders it")
