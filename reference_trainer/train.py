@@ -158,29 +158,28 @@ class Trainer:
         self.step_value = torch.zeros(n, device=device)
         step_noise = torch.zeros(n, num_actions, device=device)
 
-        # Host side of the copies: pinned staging lets copies run asynchronously; two observation slots so
-        # an observation is never overwritten while its copy may still be in flight.
+        # Host side of the copies: pinned staging lets copies run asynchronously (step_envs says why one buffer
+        # of each is enough).
         pin = cfg.pinned
-        host_obs = torch.zeros(2, n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
-        host_rewards = torch.zeros(2, n, pin_memory=pin)
-        host_dones = torch.zeros(2, n, pin_memory=pin)
-        host_valid = torch.ones(2, n, pin_memory=pin)
+        host_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
+        host_rewards = torch.zeros(n, pin_memory=pin)
+        host_dones = torch.zeros(n, pin_memory=pin)
+        host_valid = torch.ones(n, pin_memory=pin)
         copied_per_step = [host_obs, host_rewards, host_dones] + ([host_valid] if self.masked else [])
-        self.h2d_bytes_per_step = sum(buf[0, 0].nbytes for buf in copied_per_step)
+        self.h2d_bytes_per_step = sum(buf[0].nbytes for buf in copied_per_step)
         host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
-        self.slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         self.actions_ready = [torch.cuda.Event() for _ in groups] if cfg.is_cuda else None
 
         # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host
         # time, and making a view costs about a microsecond.
         by_step = dict(obs=self.obs, starts=self.starts, actions=self.actions, logprobs=self.logprobs,
-                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid,
-                       host_obs=host_obs, host_rewards=host_rewards, host_dones=host_dones, host_valid=host_valid)
+                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid)
         by_env = dict(step_obs=self.step_obs, step_start=self.step_start, step_action=self.step_action,
                       step_logprob=self.step_logprob, step_value=self.step_value, step_noise=step_noise,
-                      h=self.h, c=self.c, host_actions=host_actions)
+                      h=self.h, c=self.c, host_actions=host_actions, host_obs=host_obs, host_rewards=host_rewards,
+                      host_dones=host_dones, host_valid=host_valid)
         self.views = [SimpleNamespace(**{name: buf[:, rows] for name, buf in by_step.items()},
                                       **{name: buf[rows] for name, buf in by_env.items()}) for rows in groups]
         steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, step_noise if g == 0 else None, rank)
@@ -275,8 +274,8 @@ class Trainer:
         self.starts[0].copy_(self.starts[T])
         self.h0.copy_(self.h)
         self.c0.copy_(self.c)
-        if self.copy_stream is not None:
-            self.copy_stream.wait_stream(torch.cuda.current_stream())  # the last update read the buffers it writes
+        # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
+        # only after the host has waited for this epoch's first actions, computed after that update.
         for group in range(len(self.envs)):
             self.launch_step(group, 0)
         for t in range(T):
@@ -321,23 +320,21 @@ class Trainer:
         self.timer.enter("env")
         next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions.numpy())
         self.timer.enter("eval_copy")
-        slot = t % 2
-        if nb:
-            self.slot_free[group][slot].synchronize()
-        v.host_obs[slot].numpy()[:] = next_obs
-        v.host_rewards[slot].numpy()[:] = rewards
-        v.host_dones[slot].numpy()[:] = dones
+        # No copy out of the staging buffers can still be running when the host refills them: the actions the
+        # envs just took were computed on the device from observation t, after the compute stream had waited
+        # for the copies out of these buffers that brought it in (on the same stream, or through obs_ready).
+        v.host_obs.numpy()[:] = next_obs
+        v.host_rewards.numpy()[:] = rewards
+        v.host_dones.numpy()[:] = dones
         if self.masked:
-            v.host_valid[slot].numpy()[:] = valid
+            v.host_valid.numpy()[:] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
-            v.obs[t + 1].copy_(v.host_obs[slot], non_blocking=nb)
-            v.rewards[t].copy_(v.host_rewards[slot], non_blocking=nb)
-            v.dones[t].copy_(v.host_dones[slot], non_blocking=nb)
+            v.obs[t + 1].copy_(v.host_obs, non_blocking=nb)
+            v.rewards[t].copy_(v.host_rewards, non_blocking=nb)
+            v.dones[t].copy_(v.host_dones, non_blocking=nb)
             if self.masked:
-                v.valid[t].copy_(v.host_valid[slot], non_blocking=nb)
-            if self.slot_free is not None:
-                self.slot_free[group][slot].record()
+                v.valid[t].copy_(v.host_valid, non_blocking=nb)
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
