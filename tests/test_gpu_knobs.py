@@ -180,11 +180,37 @@ def test_capture_is_not_traced_and_traced_replays_keep_their_kernels(tmp_path):
     assert not without_kernels, f"{len(without_kernels)} of {len(launches)} graph launches show no kernel"
 
 
-@pytest.mark.parametrize("dtype, expected", [("bf16", "bfloat16"), ("fp16", "float16")])
-def test_low_precision_really_computes_in_it(dtype, expected):
+@pytest.mark.parametrize("dtype, expected", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
+    # What the recurrent cell returns, in the rollout (no grad) and in training, on every call of the run;
+    # and for fp16, that the loss scaler really scaled: its state moves on every step it takes.
+    produced, scalers = [], []
+
+    class WatchedPolicy(trainer.Policy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cell.register_forward_hook(
+                lambda cell, inputs, output: produced.append((torch.is_grad_enabled(), output[0].dtype)))
+
+    class WatchedScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            scalers.append(self)
+
+    monkeypatch.setattr(trainer, "Policy", WatchedPolicy)
+    monkeypatch.setattr(torch.amp, "GradScaler", WatchedScaler)
     summary = train(cuda_cfg(dtype=dtype))
-    assert summary["dtype_used"] == expected
+    assert summary["dtype_used"] == str(expected).removeprefix("torch.")
+    rollout = Counter(out for training, out in produced if not training)
+    training = Counter(out for training, out in produced if training)
+    assert set(rollout) == {expected} and set(training) == {expected}, (rollout, training)
+    assert rollout[expected] > BASE["horizon"] and training[expected] > BASE["horizon"]
     assert all(math.isfinite(v) for v in summary["losses"].values())
+    [scaler] = scalers
+    assert scaler.is_enabled() == (dtype == "fp16")
+    if dtype == "fp16":
+        state = scaler.state_dict()
+        assert state["scale"] != 2.0**16 or state["_growth_tracker"] > 0, state
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(cuda_graphs=True), dict(copy_stream=True, env_groups=2, cuda_graphs=True),
