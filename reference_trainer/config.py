@@ -331,9 +331,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("cuda_graphs", "is not supported with world_size > 1 (DDP's collectives are not captured)")
     if cfg.cuda_graphs and cfg.dtype == "fp16":
         raise ConfigError("dtype", "fp16 is not supported with cuda_graphs (use bf16, which needs no loss scaling)")
-    if cfg.cuda_graphs and cfg.warmup_epochs < 1:
-        raise ConfigError("warmup_epochs", "must be 1 or more with cuda_graphs: capture follows an eager epoch, so "
-                                           "the optimizer's state and compilation are created before it (got 0)")
+    if cfg.cuda_graphs and cfg.warmup_epochs < 2:
+        raise ConfigError("warmup_epochs", f"must be 2 or more with cuda_graphs: an eager epoch creates the "
+                                           f"optimizer's state and compiles before capture, and a last warm-up epoch "
+                                           f"replays the graphs once, so their one-time costs stay out of the steady "
+                                           f"epochs (got {cfg.warmup_epochs})")
     if cfg.cuda_graphs and cfg.inject_delay:
         raise ConfigError("inject_delay", "cannot be used with cuda_graphs (a host sleep is not captured)")
 

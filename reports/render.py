@@ -364,14 +364,15 @@ def collectives_section(run: RunData) -> Section | None:
     rows = run.collectives
     if rows.empty:
         return None
+    rows = rows.astype({"algbw_gbps": float, "busbw_gbps": float})  # NULL (a call timed at zero): NaN, left out
     table = (rows.groupby(["op", "backend", "world_size", "bytes"], sort=True)
              .agg(time_us=("time_us", "median"), algbw_gbps=("algbw_gbps", "median"),
                   busbw_gbps=("busbw_gbps", "median")).reset_index())
     shown = pd.DataFrame({"op": table["op"], "backend": table["backend"], "ranks": table["world_size"],
                           "bytes": table["bytes"].map(lambda b: f"{b:,}"),
                           "time µs": table["time_us"].map(lambda v: f"{v:,.1f}"),
-                          "algbw GB/s": table["algbw_gbps"].map(lambda v: f"{v:.2f}"),
-                          "busbw GB/s": table["busbw_gbps"].map(lambda v: f"{v:.2f}")})
+                          "algbw GB/s": table["algbw_gbps"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
+                          "busbw GB/s": table["busbw_gbps"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}")})
     text = ["algbw = bytes / time; busbw follows the nccl-tests convention (all-reduce × 2(n−1)/n, all-gather "
             "and reduce-scatter × (n−1)/n); medians over repeats."]
     return Section("Collectives", text, [shown], [figures.collectives(rows)], side_by_side=True)

@@ -20,7 +20,7 @@ def test_pixels_stay_uint8_from_the_env_to_the_minibatch():
     frame = (4, 84, 84)
     assert trainer.obs.dtype == torch.uint8 and trainer.obs.shape == (5, 4, *frame)
     assert trainer.step_obs.dtype == torch.uint8 and trainer.step_obs.shape == (4, *frame)
-    assert trainer.views[0].host_obs.dtype == torch.uint8 and trainer.views[0].host_obs.shape == (2, 4, *frame)
+    assert trainer.views[0].host_obs.dtype == torch.uint8 and trainer.views[0].host_obs.shape == (4, *frame)
     batch_obs = trainer.minibatch.batch["obs"]
     assert batch_obs.dtype == torch.uint8 and batch_obs.shape == (4, 2, *frame)
     trainer.rollout()
