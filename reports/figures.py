@@ -291,3 +291,47 @@ def side_by_side(frame: pd.DataFrame, a: str, b: str) -> str:
         ax.grid(axis="y", visible=False)
         ax.legend(loc="lower right")
         return to_svg(figure)
+
+
+def pareto(points: pd.DataFrame, costs: dict[str, str]) -> str:
+    """Final score against the cost of solving, one panel per cost, over a run's points. `points`: label,
+    final_return and, per cost column c of `costs` (c: axis label), c (the median: inf when not reached), c_low,
+    c_high (inf when unbounded) and c_budget (the longest repeat). A median that was not reached is drawn at
+    the budget as a right-pointing marker: the cost lies beyond it. The Pareto front (no other point both
+    cheaper and better) is joined by a line, cheapest first."""
+    with rc_context(STYLE):
+        figure = _new(4.6 * len(costs), 3.6)
+        axes = figure.subplots(1, len(costs), squeeze=False)[0]
+        for ax, (cost, axis_label) in zip(axes, costs.items()):
+            reached = np.isfinite(points[cost])
+            x = np.where(reached, points[cost], points[f"{cost}_budget"])
+            y = points["final_return"].to_numpy(float)
+            front = _pareto_front(x, y)
+            edge = np.nanmax(np.where(np.isfinite(points[f"{cost}_high"]), points[f"{cost}_high"], x)) * 1.08
+            for i, label in enumerate(points["label"]):
+                color = PALETTE[0] if i in front else PALETTE[7]
+                if reached.iloc[i]:
+                    high = points[f"{cost}_high"].iloc[i]
+                    ax.errorbar(x[i], y[i], xerr=[[x[i] - points[f"{cost}_low"].iloc[i]],
+                                                  [(high if np.isfinite(high) else edge) - x[i]]],
+                                fmt="o", ms=6, color=color, ecolor=color, elinewidth=1, capsize=2, alpha=0.9)
+                else:
+                    ax.plot(x[i], y[i], ">", ms=8, color=REGRESSED_COLOR)
+                ax.annotate(_short(label, 28), (x[i], y[i]), xytext=(5, 4), textcoords="offset points",
+                            fontsize=7, color="#33414f")
+            ordered = sorted(front, key=lambda i: x[i])
+            ax.plot(x[ordered], y[ordered], "-", color=PALETTE[0], lw=1.2, alpha=0.6, label="Pareto front")
+            ax.set_xlim(0, edge)
+            ax.set_xlabel(axis_label)
+            ax.set_ylabel("final episode return (median)")
+            ax.set_title(f"score against {axis_label.split(' (')[0]}")
+            ax.legend(loc="lower right")
+        return to_svg(figure)
+
+
+def _pareto_front(cost: np.ndarray, score: np.ndarray) -> list[int]:
+    """Indices of the points no other point beats on both counts (cost no higher, score no lower, one strictly)."""
+    def beaten(i: int) -> bool:
+        return any(cost[j] <= cost[i] and score[j] >= score[i] and (cost[j] < cost[i] or score[j] > score[i])
+                   for j in range(len(cost)) if j != i)
+    return [i for i in range(len(cost)) if np.isfinite(score[i]) and not beaten(i)]

@@ -9,8 +9,11 @@ import pandas as pd
 
 from reports import figures
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
+from reports.learning import LearningVerdict
+from reports.learning_report import (baseline_learning_section, knob_learning_section, learning_section,
+                                     learning_status)
 from reports.page import Report, Section, write_report
-from reports.rundata import RunData, phase_us_per_step, point_table, swept_axes
+from reports.rundata import RunData, phase_us_per_step, point_table, reference_point, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point, tally
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
@@ -147,18 +150,6 @@ def phase_section(run: RunData) -> Section | None:
     text = ["Microseconds per agent step spent in each phase over the steady epochs (median of repeats) and "
             "the phase's share of the step."]
     return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
-
-
-def reference_point(point_key: str, candidates: list[str]) -> str | None:
-    """The point that sets the fewest of this point's swept values, and nothing else: for a knob swept on
-    its own, the plain baseline at the same batch size."""
-    values = json.loads(point_key)
-
-    def sets_less(key: str) -> bool:
-        other = json.loads(key)
-        return len(other) < len(values) and all(name in values and values[name] == v for name, v in other.items())
-
-    return min(filter(sets_less, candidates), key=lambda key: len(json.loads(key)), default=None)
 
 
 def fmt_phase_changes(changes: list) -> str:
@@ -350,33 +341,39 @@ def _fmt_optional(value) -> str:
 
 
 def build(candidate: RunData, baseline: RunData | None = None, threshold: float = DEFAULT_THRESHOLD,
-          alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict]]:
+          alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict], list[LearningVerdict]]:
     table = point_table(candidate)
     verdicts: list[PointVerdict] = []
+    learning_verdicts: list[LearningVerdict] = []
     sections: list[Section | None] = []
     if baseline is not None:
         verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold, alpha)
-        sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha))
+        # a point that got faster but learns worse is said first
+        learning, learning_verdicts = baseline_learning_section(candidate, baseline, verdicts, alpha)
+        sections += [learning, verdict_section(verdicts, candidate, baseline, threshold, alpha)]
     if not table.empty:
-        sections += [sps_section(table), quiet_section(candidate), phase_section(candidate), knob_section(candidate, threshold, alpha),
+        sections += [sps_section(table), learning_section(candidate, table, alpha),
+                     knob_learning_section(candidate, threshold, alpha), quiet_section(candidate),
+                     phase_section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]
     badges = {status: count for status, count in tally(verdicts).items() if count}
     report = Report(f"rlperf report · suite {candidate.suite}", run_header(candidate),
                     [s for s in sections if s is not None], badges)
-    return report, verdicts
+    return report, verdicts, learning_verdicts
 
 
 def render(candidate: RunData, out_dir: str, baseline: RunData | None = None,
            threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA, allow_cross_machine: bool = False,
            fail_on_inconclusive: bool = False) -> tuple[int, list[PointVerdict], tuple[str, str]]:
     """Writes report.md and report.html for one run into `out_dir`. The status is 1 when a point regressed
-    against `baseline`, or could not be decided and `fail_on_inconclusive`, else 0; bad input raises
-    BadInput. Returns the status, the verdicts and the two paths."""
+    against `baseline` (in SPS, or in time to solve), or could not be decided and `fail_on_inconclusive`, else
+    0; bad input raises BadInput. Returns the status, the SPS verdicts and the two paths."""
     check_criteria(threshold, alpha)
     if baseline is not None:
         check_baseline(candidate, baseline, allow_cross_machine)
-    report, verdicts = build(candidate, baseline, threshold, alpha)
+    report, verdicts, learning_verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)
-    return exit_code(verdicts, fail_on_inconclusive), verdicts, paths
+    status = max(exit_code(verdicts, fail_on_inconclusive), learning_status(learning_verdicts, fail_on_inconclusive))
+    return status, verdicts, paths

@@ -123,6 +123,18 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
     return table[ordered + [c for c in table.columns if c not in ordered]]
 
 
+def reference_point(point_key: str, candidates: list[str]) -> str | None:
+    """The point that sets the fewest of this point's swept values, and nothing else: for a knob swept on
+    its own, the plain baseline at the same batch size."""
+    values = json.loads(point_key)
+
+    def sets_less(key: str) -> bool:
+        other = json.loads(key)
+        return len(other) < len(values) and all(name in values and values[name] == v for name, v in other.items())
+
+    return min(filter(sets_less, candidates), key=lambda key: len(json.loads(key)), default=None)
+
+
 def swept_axes(run: RunData) -> dict[str, list]:
     """Each axis that takes more than one value across the run's points, with its values."""
     values: dict[str, list] = {}
