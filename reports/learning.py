@@ -315,7 +315,10 @@ def fmt_time(value: float, metric: str) -> str:
 
 
 def fmt_median(median: Median, metric: str) -> str:
-    return f"{fmt_time(median.value, metric)} [{fmt_time(median.low, metric)}, {fmt_time(median.high, metric)}]"
+    if math.isinf(median.low):
+        return "not reached"
+    high = "∞" if math.isinf(median.high) else fmt_time(median.high, metric)
+    return f"{fmt_time(median.value, metric)} [{fmt_time(median.low, metric)}, {high}]"
 
 
 def fmt_share(share: Share) -> str:

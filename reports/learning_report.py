@@ -88,7 +88,7 @@ def knob_learning_section(run: RunData, threshold: float, alpha: float) -> Secti
                 "(or solve less often) than the point they are compared with." if worse else
                 "No knob is faster in SPS and slower to solve at once.")
     text = [headline, "Each point is compared with the point of this run that sets only some of its values: SPS by "
-            "the SPS verdicts' rule, time to solve by the rule below.", rule_text(alpha)]
+            "the SPS verdicts' rule, time to solve by the rule in 'Learning: time to solve'."]
     return Section("What each knob did to learning", text, [frame])
 
 
