@@ -186,7 +186,7 @@ def scale_interval(candidate: Durations, baseline: Durations, alpha: float) -> t
     ratios = np.sort(np.subtract.outer(np.log(candidate.times), np.log(baseline.times)).ravel())
     gaps = np.concatenate([[ratios[0] - 1.0], (ratios[:-1] + ratios[1:]) / 2, [ratios[-1] + 1.0]])
     accepted = np.flatnonzero([logrank_p(candidate, baseline, math.exp(gap)) > alpha for gap in gaps])
-    if not len(accepted):  # cannot happen at the sizes used: the ratio at the balance point is never rejected
+    if not len(accepted):  # every factor rejected, even where the two sides balance: no interval to give
         return math.nan, math.nan
     first, last = accepted[0], accepted[-1]
     low = math.expm1(ratios[first - 1]) if first > 0 else -1.0
@@ -229,24 +229,33 @@ def judge_learning(candidate: pd.DataFrame, baseline: pd.DataFrame, threshold: f
                    alpha: float = DEFAULT_ALPHA) -> LearningVerdict | None:
     """The verdict on the time to solve of two sets of samples (rows of `Store.samples()`), contended repeats
     left out (their seconds are the neighbour's as much as the code's); None when either has no time to solve."""
-    cand, base = durations(quiet(candidate)), durations(quiet(baseline))
-    if cand is None or base is None:
+    if durations(candidate) is None or durations(baseline) is None:
         return None
+    cand, base = durations(quiet(candidate)), durations(quiet(baseline))
+    if cand is None or base is None or min(len(cand), len(base)) < 2:
+        counts = [0 if d is None else len(d) for d in (base, cand)]
+        return LearningVerdict("", "", INCONCLUSIVE, f"too few quiet repeats: {counts[0]} against {counts[1]}")
     verdict = LearningVerdict("", "", INCONCLUSIVE,
                               shares=(share_solved(base, 1 - alpha), share_solved(cand, 1 - alpha)))
-    if min(len(cand), len(base)) < 2:
-        verdict.reason = f"too few quiet repeats: {len(base)} against {len(cand)}"
-        return verdict
     if not cand.solved.any() and not base.solved.any():
         verdict.reason = "neither side solved within its budget: there is no time to compare"
         return verdict
     change = compare_solve(base, cand, threshold, alpha)
     verdict.change, verdict.status = change, OUTCOME_OF[change.decision]
     if verdict.status == INCONCLUSIVE:
-        verdict.reason = (f"seeds vary too much for {len(base)} against {len(cand)} repeats: the log-rank p of no "
-                          f"change is {change.p_value:.2g} and the interval {fmt_solve_interval(change)} reaches "
-                          f"beyond ±{threshold:.0%}")
+        verdict.reason = undecided_reason(change, threshold, alpha)
     return verdict
+
+
+def undecided_reason(change: SolveChange, threshold: float, alpha: float) -> str:
+    p, interval = f"log-rank p={change.p_value:.2g}", fmt_solve_interval(change)
+    if change.bound == "neither median reached":
+        return f"fewer than half of either side's repeats solved: there is no median to compare ({p})"
+    if change.p_value <= alpha:
+        return (f"a real change ({p}), not shown to exceed ±{threshold:.0%}: the estimate or the interval "
+                f"{interval} reaches inside")
+    return (f"the interval {interval} neither excludes no change ({p}) nor fits within ±{threshold:.0%}; more seeds "
+            "a side would narrow it")
 
 
 def judge_all(candidate_points: pd.DataFrame, candidate_samples: pd.DataFrame, baseline_points: pd.DataFrame,

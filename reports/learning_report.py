@@ -56,9 +56,9 @@ def learning_section(run: RunData, table: pd.DataFrame, alpha: float) -> Section
             "trainer's start, and at its steady speed: steps / SPS). 'solved': repeats that reached the target "
             "within the budget (total_steps). 'final return': the return at the end of the run, median of repeats.",
             rule_text(alpha),
-            "The charts put each point's cost of solving against its final score: the line joins the points no "
-            "other point beats on both; a red arrow marks a point fewer than half of whose repeats solved, drawn "
-            "at its budget (its cost lies beyond)."]
+            "The charts put each point's cost of solving against its final score: the ringed points, joined, are "
+            "those no other point beats on both; a triangle marks a point fewer than half of whose repeats solved, "
+            "drawn at its budget (its cost lies beyond)."]
     return Section("Learning: time to solve", text, [pd.DataFrame(rows)],
                    [figures.pareto(pd.DataFrame(chart), COSTS)])
 
@@ -123,7 +123,7 @@ def _row(knobs: str, compared_with: str, sps: PointVerdict | None, learning: Lea
                                  f"{fmt_time(change.candidate.value, 'seconds')}") if change else "–",
         "change (interval)": fmt_solve_change(change),
         "log-rank p": f"{change.p_value:.2g}" if change else "–",
-        "solved": f"{shares[0].solved}/{shares[0].n} → {shares[1].solved}/{shares[1].n}",
+        "solved": f"{shares[0].solved}/{shares[0].n} → {shares[1].solved}/{shares[1].n}" if shares else "–",
         "note": learning.reason,
     }
 

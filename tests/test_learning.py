@@ -163,6 +163,8 @@ def test_learning_verdicts_leave_out_contended_repeats_and_need_a_time_to_solve(
     never = samples_of([20] * 5, [0] * 5)
     assert judge_learning(never, base).status == "regressed"
     assert judge_learning(samples_of([20] * 5, [0] * 5, contended=(0, 1, 2, 3)), base).status == "inconclusive"
+    every_one = judge_learning(samples_of([20] * 5, [0] * 5, contended=range(5)), base)
+    assert every_one.status == "inconclusive" and every_one.reason == "too few quiet repeats: 5 against 0"
     assert judge_learning(never, never).reason.startswith("neither side solved")
     assert judge_learning(pd.DataFrame([{"summary": {"sps": 1.0}}]), base) is None
 
