@@ -4,8 +4,6 @@ time to solve changed, those that got faster but learn worse first. The statisti
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
@@ -14,7 +12,7 @@ from reports.formatting import fmt_sps
 from reports.learning import (FASTER_LEARNS_WORSE, LEARNING_THRESHOLD, LearningVerdict, fmt_median, fmt_share,
                               fmt_solve_change, fmt_time, judge_all, judge_learning, reading, summarize_learning)
 from reports.page import Section
-from reports.rundata import RunData, reference_point
+from reports.rundata import RunData, knob_pairs
 from reports.verdicts import PointVerdict, judge_point
 from rlperf.store import point_label
 
@@ -66,20 +64,11 @@ def learning_section(run: RunData, table: pd.DataFrame, alpha: float) -> Section
 def knob_learning_section(run: RunData, threshold: float, alpha: float) -> Section | None:
     """Each point against the point that sets only some of its values (as 'What each knob changed' pairs
     them), in SPS and in time to solve; the knobs that are faster but learn worse are named first."""
-    ok = run.points[run.points["status"] == "ok"]
-    measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
     rows = []
-    for point_key in measured:
-        reference = reference_point(point_key, measured)
-        if reference is None:
-            continue
-        mine, theirs = (run.samples[run.samples["point_key"] == key] for key in (point_key, reference))
+    for knobs, reference, mine, theirs in knob_pairs(run):
         learning = judge_learning(mine, theirs, alpha=alpha)
-        if learning is None:
-            continue
-        sps = judge_point(mine, theirs, threshold, alpha)
-        added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
-        rows.append(_row(point_label(json.dumps(added)), point_label(reference), sps, learning))
+        if learning is not None:
+            rows.append(_row(knobs, point_label(reference), judge_point(mine, theirs, threshold, alpha), learning))
     if not rows:
         return None
     frame = pd.DataFrame(rows).sort_values("reading", key=lambda col: col != FASTER_LEARNS_WORSE, kind="stable")

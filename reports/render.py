@@ -13,7 +13,7 @@ from reports.learning import LearningVerdict
 from reports.learning_report import (baseline_learning_section, knob_learning_section, learning_section,
                                      learning_status)
 from reports.page import Report, Section, write_report
-from reports.rundata import RunData, phase_us_per_step, point_table, reference_point, swept_axes
+from reports.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports.verdicts import MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_point, tally
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
@@ -162,24 +162,17 @@ KNOB_OUTCOMES = {"improved": "faster", "regressed": "slower", "unchanged": "no c
 
 
 def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None:
-    ok = run.points[run.points["status"] == "ok"]
-    measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
     rows = []
-    for point_key in measured:
-        reference = reference_point(point_key, measured)
-        if reference is None:
-            continue
-        verdict = judge_point(run.samples[run.samples["point_key"] == point_key],
-                              run.samples[run.samples["point_key"] == reference], threshold, alpha)
+    for knobs, reference, mine, theirs in knob_pairs(run):
+        verdict = judge_point(mine, theirs, threshold, alpha)
         sps, grew, shrank = verdict.sps, verdict.phases_grew, verdict.phases_shrank
         if sps is None:
             continue
         # as for growth, a saving under 2% of the step explains nothing
         shrank = [(phase, change) for phase, change in shrank
                   if change.baseline - change.candidate >= MIN_PHASE_GROWTH_SHARE / sps.baseline]
-        added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
         rows.append({
-            "knobs": point_label(json.dumps(added)), "compared with": point_label(reference),
+            "knobs": knobs, "compared with": point_label(reference),
             "SPS": f"{fmt_sps(sps.baseline)} → {fmt_sps(sps.candidate)}",
             "change": f"{fmt_change(sps.relative)} {fmt_interval(sps)}",
             "verdict": KNOB_OUTCOMES[verdict.status], "p": fmt_p(sps.p_value), "phases that shrank (per step)": fmt_phase_changes(shrank),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +134,19 @@ def reference_point(point_key: str, candidates: list[str]) -> str | None:
         return len(other) < len(values) and all(name in values and values[name] == v for name, v in other.items())
 
     return min(filter(sets_less, candidates), key=lambda key: len(json.loads(key)), default=None)
+
+
+def knob_pairs(run: RunData) -> Iterator[tuple[str, str, pd.DataFrame, pd.DataFrame]]:
+    """Each measured point that has a reference point in the run: (the label of the values it adds, the
+    reference's key, its samples, the reference's samples)."""
+    ok = run.points[run.points["status"] == "ok"]
+    measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
+    for point_key in measured:
+        reference = reference_point(point_key, measured)
+        if reference is not None:
+            added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
+            yield (point_label(json.dumps(added)), reference, run.samples[run.samples["point_key"] == point_key],
+                   run.samples[run.samples["point_key"] == reference])
 
 
 def swept_axes(run: RunData) -> dict[str, list]:
