@@ -71,8 +71,7 @@ def knob_learning_section(run: RunData, threshold: float, alpha: float) -> Secti
             rows.append(_row(knobs, point_label(reference), judge_point(mine, theirs, threshold, alpha), learning))
     if not rows:
         return None
-    frame = pd.DataFrame(rows).sort_values("reading", key=lambda col: col != FASTER_LEARNS_WORSE, kind="stable")
-    worse = list(frame.loc[frame["reading"] == FASTER_LEARNS_WORSE, "knobs"])
+    frame, worse = faster_but_worse_first(rows)
     headline = (f"Faster, but learns worse: {', '.join(worse)}. These knobs raise SPS and still take longer to solve "
                 "(or solve less often) than the point they are compared with." if worse else
                 "No knob is faster in SPS and slower to solve at once.")
@@ -89,15 +88,20 @@ def baseline_learning_section(candidate: RunData, baseline: RunData, sps_verdict
     if not verdicts:
         return None, verdicts
     sps_by_key = {verdict.match_key: verdict for verdict in sps_verdicts}
-    rows = [_row(v.point, "the baseline", sps_by_key.get(v.match_key), v) for v in verdicts]
-    frame = pd.DataFrame(rows).sort_values("reading", key=lambda col: col != FASTER_LEARNS_WORSE, kind="stable")
-    worse = list(frame.loc[frame["reading"] == FASTER_LEARNS_WORSE, "knobs"])
+    frame, worse = faster_but_worse_first([_row(v.point, "the baseline", sps_by_key.get(v.match_key), v)
+                                           for v in verdicts])
     headline = (f"SPS improved while time to solve regressed: {', '.join(worse)}. Faster, learns worse: the speed "
                 "was bought with learning." if worse else
                 "No point got faster in SPS while its time to solve regressed.")
     text = [headline, rule_text(alpha) + " Claims are weighed together over the points (Benjamini-Hochberg)."]
     frame = frame.rename(columns={"knobs": "point"}).drop(columns=["compared with"])
     return Section("Time to solve against the baseline", text, [frame]), verdicts
+
+
+def faster_but_worse_first(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
+    """The rows as a table, those read FASTER_LEARNS_WORSE first (in their order), and those rows' knobs."""
+    frame = pd.DataFrame(rows).sort_values("reading", key=lambda col: col != FASTER_LEARNS_WORSE, kind="stable")
+    return frame, list(frame.loc[frame["reading"] == FASTER_LEARNS_WORSE, "knobs"])
 
 
 def _row(knobs: str, compared_with: str, sps: PointVerdict | None, learning: LearningVerdict) -> dict:
@@ -115,8 +119,3 @@ def _row(knobs: str, compared_with: str, sps: PointVerdict | None, learning: Lea
         "solved": f"{shares[0].solved}/{shares[0].n} → {shares[1].solved}/{shares[1].n}" if shares else "–",
         "note": learning.reason,
     }
-
-
-def learning_status(verdicts: list[LearningVerdict], fail_on_inconclusive: bool) -> int:
-    failing = ("regressed", "inconclusive") if fail_on_inconclusive else ("regressed",)
-    return 1 if any(v.status in failing for v in verdicts) else 0

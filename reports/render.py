@@ -10,8 +10,7 @@ import pandas as pd
 from reports import figures
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
 from reports.learning import LearningVerdict
-from reports.learning_report import (baseline_learning_section, knob_learning_section, learning_section,
-                                     learning_status)
+from reports.learning_report import baseline_learning_section, knob_learning_section, learning_section
 from reports.page import Report, Section, write_report
 from reports.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
@@ -368,5 +367,6 @@ def render(candidate: RunData, out_dir: str, baseline: RunData | None = None,
         check_baseline(candidate, baseline, allow_cross_machine)
     report, verdicts, learning_verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)
-    status = max(exit_code(verdicts, fail_on_inconclusive), learning_status(learning_verdicts, fail_on_inconclusive))
+    # learning verdicts have the SPS verdicts' outcomes, and fail a run the same way
+    status = max(exit_code(verdicts, fail_on_inconclusive), exit_code(learning_verdicts, fail_on_inconclusive))
     return status, verdicts, paths

@@ -20,6 +20,7 @@ from reports.render import render
 from reports.rundata import load
 from rlperf.machine import machine_key
 from rlperf.store import PointRecord, Store, utc_now
+from test_report_render import needs_browser, open_in_browser
 
 SEEDS = 8
 FINGERPRINT = {"git": {"commit": "0123456789abcdef", "dirty": False}, "torch": "2.13.0+cpu", "gpus": [],
@@ -133,3 +134,15 @@ def test_the_same_code_against_itself_claims_nothing(store, tmp_path):
     against = section(markdown, "Time to solve against the baseline")
     assert against.startswith("No point got faster in SPS while its time to solve regressed.")
     assert all(row[4] in ("unchanged", "inconclusive") for row in rows(against))
+
+
+@needs_browser
+def test_the_pareto_chart_is_drawn_in_a_real_browser(store, tmp_path):
+    path, runs = store
+    out = tmp_path / "page"
+    render(load(f"{path}::{runs['planted']}"), str(out))
+    found = open_in_browser(out / "report.html", tmp_path)
+    assert found["errors"] == [] and found["console"] == []
+    # SPS per point, the Pareto chart, phases (each knob takes one value: no SPS-along-an-axis figure)
+    assert len(found["figures"]) == 3
+    assert all(figure["width"] > 200 and figure["height"] > 100 and figure["drawn"] > 10 for figure in found["figures"])
