@@ -21,7 +21,8 @@ The outcome is one of the four SPS verdicts have (reports/verdicts.py), read the
 lower is better: `regressed` (takes longer: the test rejects no change and the estimate lies beyond the
 threshold), `improved`, `unchanged` (the whole interval within +-threshold) or `inconclusive`. Learning
 varies by seed far more than speed does, so the threshold is wider than the SPS one (LEARNING_THRESHOLD).
-lifelines would give the same medians and test; scipy (1.11 and later) has them, so no package is added.
+lifelines would give the same medians and test; scipy has them since 1.11 (ecdf, CensoredData, logrank; hence
+scipy>=1.11 in pyproject.toml), so no package is added.
 """
 
 from __future__ import annotations
