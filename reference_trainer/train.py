@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
+from reference_trainer.solving import time_to_solve
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.work import count_work
 from rlperf import __version__
@@ -58,7 +59,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         # torch's default (one thread per physical core it may run on) does not know a container's CPU quota
         torch.set_num_threads(cfg.threads or min(torch.get_num_threads(), usable_cores()))
         torch.manual_seed(cfg.seed)
-        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles)
+        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start)
         epochs = []
         for epoch in range(cfg.num_epochs):
             if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
@@ -71,7 +72,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
             epochs.append(trainer.end_epoch(epoch))
             if on_epoch is not None:
                 on_epoch(epochs[-1])
-        summary = trainer.finish(epochs, process_start, save_policy)
+        summary = trainer.finish(epochs, save_policy)
     if compute_stream is not None:
         torch.cuda.current_stream().wait_stream(compute_stream)
     return summary
@@ -100,8 +101,8 @@ class Trainer:
     compiled and captured as CUDA graphs, and they hold no reference back to the trainer."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: Rank,
-                 compute_stream: torch.cuda.Stream | None, copy_delay_cycles: int):
-        self.cfg, self.device, self.rank = cfg, device, rank
+                 compute_stream: torch.cuda.Stream | None, copy_delay_cycles: int, process_start: float):
+        self.cfg, self.device, self.rank, self.process_start = cfg, device, rank, process_start
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
 
@@ -408,23 +409,25 @@ class Trainer:
             self.profiler.step()
         return {
             "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
-            "phases": phases, "losses": losses,
+            "phases": phases, "losses": losses, "episodes": episodes_done,
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
+            "end_seconds": time.perf_counter() - self.process_start,
         }
 
-    def finish(self, epochs: list[dict], process_start: float, save_policy: str) -> dict:
+    def finish(self, epochs: list[dict], save_policy: str) -> dict:
         steady_end_ns = time.time_ns()
         if self.profiler is not None:
             self.profiler.stop()
         if save_policy and self.rank.rank == 0:
             torch.save(self.policy.state_dict(), save_policy)
-        wall = time.perf_counter() - process_start
-        summary = summarize(self.cfg, epochs, wall, self.warmup_end - process_start, self.compile_seconds,
+        wall = time.perf_counter() - self.process_start
+        summary = summarize(self.cfg, epochs, wall, self.warmup_end - self.process_start, self.compile_seconds,
                             self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
         summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
         summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
         summary["work"] = self.work
         summary["parameters"] = sum(p.numel() for p in self.policy.parameters())
+        summary["time_to_solve"] = time_to_solve(self.cfg, epochs, summary["sps"])
         for env in self.envs:
             env.close()
         return summary
