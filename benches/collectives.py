@@ -32,7 +32,8 @@ from typing import Any, Callable
 from rlperf.arguments import positive_float, positive_int
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput
-from rlperf.processes import RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks
+from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks,
+                              rank_gpu)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 BACKENDS = ("gloo", "nccl")
@@ -79,9 +80,18 @@ def element_counts(op: str, min_bytes: int, max_bytes: int, world_size: int) -> 
 
 
 def bandwidth_row(op: str, backend: str, world_size: int, nbytes: int, repeat: int, seconds: float) -> dict:
-    algbw = nbytes / seconds / 1e9
+    """One timed call. A call clocked at zero (one nccl rank's in-place call moves nothing, and its two
+    events can read 0.0 ms) has no bandwidth: None, stored as NULL."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else None
     return {"op": op, "backend": backend, "world_size": world_size, "bytes": nbytes, "repeat": repeat,
-            "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world_size)}
+            "time_us": seconds * 1e6, "algbw_gbps": algbw,
+            "busbw_gbps": None if algbw is None else algbw * bus_factor(op, world_size)}
+
+
+def median_bandwidth(rows: list[dict], key: str) -> str:
+    """The median over the calls that have a bandwidth, or a dash when none has."""
+    values = [row[key] for row in rows if row[key] is not None]
+    return f"{median(values):.3f}" if values else "–"
 
 
 BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
@@ -255,8 +265,10 @@ def run_external_rank(args: argparse.Namespace) -> int:
         raise BadInput(f"world_size: the launcher started {world_size} ranks but --world-size is {args.world_size}")
     nccl = torch.cuda.is_available() and dist.is_nccl_available()
     backend = args.backend or ("nccl" if nccl else "gloo")
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    check_backend(backend, world_size, local_ranks, torch.cuda.device_count(), nccl)
+    gpus = torch.cuda.device_count()
+    # A rank the launcher gave one GPU uses it (rank_gpu): the other local ranks have GPUs of their own.
+    local_ranks = 1 if gpus == 1 else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_backend(backend, world_size, local_ranks, gpus, nccl)
     settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                         args.rank_timeout)
     store = None
@@ -284,7 +296,7 @@ def measure(settings: Settings, heartbeat: Heartbeat, timeout: timedelta) -> dic
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", settings.world_size))
     on_gpu = settings.backend == "nccl"
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(local_rank, torch.cuda.device_count())) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     heartbeat.at(JOINING)  # not progress yet: the start-up grace lasts until every rank has joined
@@ -458,8 +470,8 @@ def show(console, result: dict, run_id: str, store_path: Path) -> None:
             table.add_section()
         times = [row["time_us"] for row in group]
         table.add_row(op if op != previous_op else "", format_bytes(nbytes), f"{median(times):,.1f}",
-                      f"{min(times):,.1f}–{max(times):,.1f}", f"{median(row['algbw_gbps'] for row in group):.3f}",
-                      f"{median(row['busbw_gbps'] for row in group):.3f}")
+                      f"{min(times):,.1f}–{max(times):,.1f}", median_bandwidth(group, "algbw_gbps"),
+                      median_bandwidth(group, "busbw_gbps"))
         previous_op = op
     console.print(table)
     console.print(f"stored run {run_id} in {store_path} ({len(rows)} rows); `rlperf report {store_path}` renders it")

@@ -28,6 +28,16 @@ def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sy
     return [python, "-m", "rlperf", "train", *from_dict(config).to_args(), "--json", str(summary_path)]
 
 
+def repeat_config(config: dict[str, Any], repeat: int) -> dict[str, Any]:
+    """The settings one repeat runs with. A point with a target_return measures learning, which varies by
+    seed far more than speed does, so its repeat r trains with seed + r (each sample's summary records the
+    seed it ran); every other point repeats the same work, so its repeats differ only by the machine's luck.
+    Both sides of a comparison use the same seeds repeat by repeat."""
+    if config.get("target_return") is None:
+        return config
+    return {**config, "seed": config["seed"] + repeat}
+
+
 def last_lines(log_path: Path) -> str:
     try:
         lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
@@ -104,7 +114,8 @@ class PointRunner:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
-        command = self.command_for(point.config, summary_path)
+        config = repeat_config(point.config, repeat)
+        command = self.command_for(config, summary_path)
         sampler = self.utilization.start(gpu_uuids)
         monitor = InterferenceMonitor(gpu_uuids)
         timed_out = False
@@ -138,7 +149,7 @@ class PointRunner:
             summary = json.loads(summary_path.read_text())
         except (OSError, ValueError) as exc:
             return "failed", f"exit code 0 but no readable summary ({exc})\n{last_lines(log_path)}", None
-        mismatch = config_mismatch(point.config, summary.get("config", {}))
+        mismatch = config_mismatch(config, summary.get("config", {}))
         if mismatch:
             return "failed", mismatch, None
         summary["interference"] = interference

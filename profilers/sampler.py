@@ -8,7 +8,6 @@ missing; a metric a device does not support is left out and listed in `unsupport
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -47,58 +46,14 @@ GPU_METRICS: dict[str, Callable[[object], float]] = {
 CPU_METRICS = ("cpu_util_percent", "ram_used_bytes")
 
 
-def cuda_visible_entries(environ: dict[str, str] | os._Environ = os.environ) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset; parsing stops at the first entry that is
-    neither an index nor a GPU UUID, and a negative index hides everything after it."""
-    raw = environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None
-    entries = []
-    for entry in (part.strip() for part in raw.split(",")):
-        if entry.lstrip("-").isdigit():
-            if int(entry) < 0:
-                break
-            entries.append(entry)
-        elif entry.startswith("GPU-"):
-            entries.append(entry)
-        else:
-            break
-    return entries
-
-
-def _visible_handles(environ) -> list[tuple[str, object]]:
-    """(uuid, handle) for each GPU a CUDA process started with `environ` can see, in CUDA order.
-
-    NVML numbers devices by PCI bus and ignores CUDA_VISIBLE_DEVICES, so indices in that variable are
-    read as PCI-bus indices (CUDA's order when CUDA_DEVICE_ORDER=PCI_BUS_ID, and on machines with one
-    GPU model); UUID entries are exact and may be prefixes, as CUDA allows.
-    """
-    all_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    by_uuid = {pynvml.nvmlDeviceGetUUID(h): h for h in all_handles}
-    entries = cuda_visible_entries(environ)
-    if entries is None:
-        return list(by_uuid.items())
-    visible = []
-    for entry in entries:
-        if entry.startswith("GPU-"):
-            matches = [uuid for uuid in by_uuid if uuid.startswith(entry)]
-            if len(matches) != 1:
-                break
-            visible.append((matches[0], by_uuid[matches[0]]))
-        elif int(entry) < len(all_handles):
-            handle = all_handles[int(entry)]
-            visible.append((pynvml.nvmlDeviceGetUUID(handle), handle))
-        else:
-            break
-    return visible
-
-
 class UtilizationSampler:
     """Samples every `interval_s` seconds on a daemon thread between `start()` and `stop()`.
 
-    `gpu_uuids=None` samples every GPU visible under CUDA_VISIBLE_DEVICES; a list names the devices the
-    run uses (an empty list: a CPU-only run). Ticks keep to a fixed schedule; a tick that overruns (NVML's
-    PCIe reading blocks for 20 ms per direction and device) makes the next ones skip rather than drift.
+    `gpu_uuids` names the devices the run uses (an empty list: a CPU-only run), each looked up in NVML by
+    its UUID: NVML numbers devices by PCI bus and ignores CUDA_VISIBLE_DEVICES, and CUDA numbers them
+    fastest first by default, so no index maps one onto the other. `None` samples every GPU NVML sees, for
+    callers that do not know the run's. Ticks keep to a fixed schedule; a tick that overruns (NVML's PCIe
+    reading blocks for 20 ms per direction and device) makes the next ones skip rather than drift.
     """
 
     def __init__(self, interval_s: float, gpu_uuids: list[str] | None = None):
@@ -155,18 +110,20 @@ class UtilizationSampler:
             return
         self._nvml_open = True
         try:
-            visible = _visible_handles(os.environ)
+            if self.gpu_uuids is None:
+                handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+                self._devices = [(f"gpu:{pynvml.nvmlDeviceGetUUID(handle)}", handle) for handle in handles]
         except pynvml.NVMLError as exc:
             self.unavailable = f"gpu: NVML could not list devices ({exc})"
             return
-        if self.gpu_uuids is None:
-            self._devices = [(f"gpu:{uuid}", handle) for uuid, handle in visible]
-        else:
-            by_uuid = dict(visible)
-            missing = [uuid for uuid in self.gpu_uuids if uuid not in by_uuid]
-            if missing:
-                self.unavailable = f"gpu: NVML does not see {', '.join(missing)}"
-            self._devices = [(f"gpu:{uuid}", by_uuid[uuid]) for uuid in self.gpu_uuids if uuid in by_uuid]
+        missing = []
+        for uuid in self.gpu_uuids or ():
+            try:
+                self._devices.append((f"gpu:{uuid}", pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+            except pynvml.NVMLError:
+                missing.append(uuid)
+        if missing:
+            self.unavailable = f"gpu: NVML does not see {', '.join(missing)}"
         if not self._devices and self.unavailable is None:
             self.unavailable = "gpu: no GPU visible to NVML"
         for source, handle in self._devices:

@@ -17,12 +17,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from profilers.profile_run import run_gpu_uuids
 from profilers.sampler import UtilizationSampler
+from reference_trainer.cli import config_from_args, configure
 from rlperf.processes import run_to_completion
 
 
 def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict[str, list[float]], float]:
-    """SPS per mode, and the sampler's CPU seconds per wall second over the runs with it on."""
+    """SPS per mode, and the sampler's CPU seconds per wall second over the runs with it on, sampling the
+    GPUs the run uses as `rlperf bench` does."""
+    parser = argparse.ArgumentParser(prog="rlperf train")
+    configure(parser)
+    gpu_uuids = run_gpu_uuids(config_from_args(parser.parse_args(train_args)))
     sps: dict[str, list[float]] = {"off": [], "on": []}
     sampler_cpu_s = sampled_wall_s = 0.0
     with tempfile.TemporaryDirectory() as scratch:
@@ -30,7 +36,7 @@ def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict
             mode = ("off", "on")[index % 2]
             summary_path = Path(scratch) / f"{index}.json"
             command = [sys.executable, "-m", "rlperf", "train", *train_args, "--json", str(summary_path), "--quiet"]
-            sampler = UtilizationSampler(1.0 / sample_hz) if mode == "on" else None
+            sampler = UtilizationSampler(1.0 / sample_hz, gpu_uuids) if mode == "on" else None
             cpu_start, wall_start = time.process_time(), time.monotonic()
             if sampler is not None:
                 sampler.start()

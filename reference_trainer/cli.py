@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from reference_trainer.config import PHASES, TrainConfig, field_help, from_dict, parse_delay
+from reference_trainer.config import FIELD_TYPES, PHASES, TrainConfig, field_help, from_dict, parse_delay
 from reference_trainer.progress import run_with_progress
 
 
@@ -29,8 +29,9 @@ def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> No
                                 help=f"{help_text} (default {'on' if default else 'off'})")
         elif f.name == "trace_dir":
             parser.add_argument(flag, default=default, metavar="DIR", help=help_text)
-        else:
-            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})")
+        else:  # an optional setting's help says what leaving it unset means
+            parser.add_argument(flag, type=FIELD_TYPES[f.name], default=default,
+                                help=help_text if default is None else f"{help_text} (default {default})")
     parser.add_argument("--json", metavar="PATH",
                         help="write the run's summary here (docs/results-format.md; default: none)")
     parser.add_argument("--save-policy", metavar="PATH", default="",

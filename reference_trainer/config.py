@@ -6,6 +6,7 @@ Importing this module must stay cheap (no torch): the bench harness uses it to c
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,12 @@ class TrainConfig:
     vf_coef: float = knob(0.5, "weight of the value loss")
     ent_coef: float = knob(0.01, "weight of the entropy bonus")
     max_grad_norm: float = knob(0.5, "gradient norm clip")
+    # time to solve: the run goes on for total_steps either way, so every run of a point has the same budget
+    target_return: float | None = knob(None, "smoothed episode return at which the run counts as solved; the "
+                                             "summary records the agent steps and seconds at which it was first "
+                                             "reached, or that total_steps ran out first (default: none)")
+    target_window: int = knob(100, "episodes the smoothed return averages over: the most recent epochs' finished "
+                                   "episodes, at least this many; with target_return only")
     # the synthetic env
     obs_size: int = knob(32, "observation width of env=synthetic, in values", SYNTHETIC_ENV)
     obs_shape: str = knob("", "observation shape of env=synthetic, comma-separated, e.g. 4,84,84 (default: empty, "
@@ -146,9 +153,12 @@ class TrainConfig:
 
 
 FIELD_TYPES: dict[str, type] = {
-    f.name: (dict if f.name == "inject_delay" else {"int": int, "float": float, "bool": bool, "str": str}[f.type])
+    f.name: (dict if f.name == "inject_delay"
+             else {"int": int, "float": float, "bool": bool, "str": str}[f.type.removesuffix(" | None")])
     for f in dataclasses.fields(TrainConfig)
 }
+# settings that may be left unset (None): the default, and the only value a suite file cannot write
+OPTIONAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig) if f.type.endswith(" | None"))
 
 
 def fields_with(role: str) -> tuple[str, ...]:
@@ -187,6 +197,8 @@ def from_dict(values: dict[str, Any]) -> TrainConfig:
 def coerce(name: str, value: Any) -> Any:
     """Checks one value's type; ints are accepted where floats are expected."""
     expected = FIELD_TYPES[name]
+    if value is None and name in OPTIONAL_FIELDS:
+        return None
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is dict:
@@ -270,6 +282,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
             raise ConfigError(name, f"must be between 0 and 1 (got {getattr(cfg, name)})")
+    if cfg.target_return is not None and not math.isfinite(cfg.target_return):
+        raise ConfigError("target_return", f"must be a finite number (got {cfg.target_return})")
+    _positive(cfg, "target_window")
+    if cfg.target_return is None and cfg.target_window != TrainConfig.target_window:
+        raise ConfigError("target_window", "applies to runs with a target_return only (none is set)")
 
     if cfg.num_envs % cfg.world_size:
         raise ConfigError("num_envs", f"must divide evenly among world_size={cfg.world_size} ranks (got {cfg.num_envs})")
@@ -331,9 +348,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("cuda_graphs", "is not supported with world_size > 1 (DDP's collectives are not captured)")
     if cfg.cuda_graphs and cfg.dtype == "fp16":
         raise ConfigError("dtype", "fp16 is not supported with cuda_graphs (use bf16, which needs no loss scaling)")
-    if cfg.cuda_graphs and cfg.warmup_epochs < 1:
-        raise ConfigError("warmup_epochs", "must be 1 or more with cuda_graphs: capture follows an eager epoch, so "
-                                           "the optimizer's state and compilation are created before it (got 0)")
+    if cfg.cuda_graphs and cfg.warmup_epochs < 2:
+        raise ConfigError("warmup_epochs", f"must be 2 or more with cuda_graphs: an eager epoch creates the "
+                                           f"optimizer's state and compiles before capture, and a last warm-up epoch "
+                                           f"replays the graphs once, so their one-time costs stay out of the steady "
+                                           f"epochs (got {cfg.warmup_epochs})")
     if cfg.cuda_graphs and cfg.inject_delay:
         raise ConfigError("inject_delay", "cannot be used with cuda_graphs (a host sleep is not captured)")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from reference_trainer.config import TrainConfig
 from rlperf.cpus import usable_cores
 from rlperf.errors import BadInput
-from rlperf.processes import Heartbeat, RankFailed, launch_ranks
+from rlperf.processes import Heartbeat, RankFailed, launch_ranks, rank_gpu
 
 GLOO_SETTLE_S = 0.5
 
@@ -45,6 +45,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
         raise BadInput(f"world_size: the launcher started {world} ranks but world_size is {cfg.world_size}")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if cfg.is_cuda:
+        local_rank = rank_gpu(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(training_device(cfg, local_rank))  # before nccl, which binds to the current GPU
     elif not cfg.threads:
         # Ranks on one machine each taking every core oversubscribe the CPU; give each its share.

@@ -28,11 +28,13 @@ import torch.nn.functional as F
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
+from reference_trainer.solving import time_to_solve
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.work import count_work
 from rlperf import __version__
 from rlperf.cpus import usable_cores
-from rlperf.machine import torch_versions
+from rlperf.machine import cuda_uuid, torch_versions
+from rlperf.torch_api import supported_torch
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
@@ -47,6 +49,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     its copy reads stale data and changes the losses (tests/test_gpu_knobs.py). Refused on a CPU."""
     rank = rank or Rank()
     process_start = time.perf_counter()
+    supported_torch()
     if copy_delay_cycles < 0 or (copy_delay_cycles and not cfg.is_cuda):
         raise ConfigError("copy_delay_cycles", f"is a test hook for CUDA copies: 0, or a positive number of "
                                                f"cycles on a CUDA device (got {copy_delay_cycles} on {cfg.device})")
@@ -56,9 +59,11 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         # torch's default (one thread per physical core it may run on) does not know a container's CPU quota
         torch.set_num_threads(cfg.threads or min(torch.get_num_threads(), usable_cores()))
         torch.manual_seed(cfg.seed)
-        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles)
+        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start)
         epochs = []
         for epoch in range(cfg.num_epochs):
+            if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
+                trainer.capture()
             if epoch == cfg.warmup_epochs:
                 trainer.start_steady()
             trainer.start_epoch(epoch)
@@ -67,7 +72,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
             epochs.append(trainer.end_epoch(epoch))
             if on_epoch is not None:
                 on_epoch(epochs[-1])
-        summary = trainer.finish(epochs, process_start, save_policy)
+        summary = trainer.finish(epochs, save_policy)
     if compute_stream is not None:
         torch.cuda.current_stream().wait_stream(compute_stream)
     return summary
@@ -96,8 +101,8 @@ class Trainer:
     compiled and captured as CUDA graphs, and they hold no reference back to the trainer."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: Rank,
-                 compute_stream: torch.cuda.Stream | None, copy_delay_cycles: int):
-        self.cfg, self.device, self.rank = cfg, device, rank
+                 compute_stream: torch.cuda.Stream | None, copy_delay_cycles: int, process_start: float):
+        self.cfg, self.device, self.rank, self.process_start = cfg, device, rank, process_start
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
 
@@ -155,32 +160,31 @@ class Trainer:
         self.step_value = torch.zeros(n, device=device)
         step_noise = torch.zeros(n, num_actions, device=device)
 
-        # Host side of the copies: pinned staging lets copies run asynchronously; two observation slots so
-        # an observation is never overwritten while its copy may still be in flight.
+        # Host side of the copies: pinned staging lets copies run asynchronously (step_envs says why one buffer
+        # of each is enough).
         pin = cfg.pinned
-        host_obs = torch.zeros(2, n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
-        host_rewards = torch.zeros(2, n, pin_memory=pin)
-        host_dones = torch.zeros(2, n, pin_memory=pin)
-        host_valid = torch.ones(2, n, pin_memory=pin)
+        host_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
+        host_rewards = torch.zeros(n, pin_memory=pin)
+        host_dones = torch.zeros(n, pin_memory=pin)
+        host_valid = torch.ones(n, pin_memory=pin)
         copied_per_step = [host_obs, host_rewards, host_dones] + ([host_valid] if self.masked else [])
-        self.h2d_bytes_per_step = sum(buf[0, 0].nbytes for buf in copied_per_step)
+        self.h2d_bytes_per_step = sum(buf[0].nbytes for buf in copied_per_step)
         self.work = count_work(cfg, obs_shape, host_obs.element_size(), num_actions,
                                sum(p.numel() for p in self.policy.parameters()), self.masked,
                                str(self.dtype_used).removeprefix("torch."), torch.get_num_threads())
         host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
-        self.slot_free = [[torch.cuda.Event() for _ in range(2)] for _ in groups] if cfg.is_cuda else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         self.actions_ready = [torch.cuda.Event() for _ in groups] if cfg.is_cuda else None
 
         # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host
         # time, and making a view costs about a microsecond.
         by_step = dict(obs=self.obs, starts=self.starts, actions=self.actions, logprobs=self.logprobs,
-                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid,
-                       host_obs=host_obs, host_rewards=host_rewards, host_dones=host_dones, host_valid=host_valid)
+                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid)
         by_env = dict(step_obs=self.step_obs, step_start=self.step_start, step_action=self.step_action,
                       step_logprob=self.step_logprob, step_value=self.step_value, step_noise=step_noise,
-                      h=self.h, c=self.c, host_actions=host_actions)
+                      h=self.h, c=self.c, host_actions=host_actions, host_obs=host_obs, host_rewards=host_rewards,
+                      host_dones=host_dones, host_valid=host_valid)
         self.views = [SimpleNamespace(**{name: buf[:, rows] for name, buf in by_step.items()},
                                       **{name: buf[rows] for name, buf in by_env.items()}) for rows in groups]
         steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, step_noise if g == 0 else None, rank)
@@ -224,26 +228,23 @@ class Trainer:
     def compile_seconds(self) -> float:
         return self.capture_seconds + sum(call.seconds for call in self.first_calls)
 
-    def start_steady(self) -> None:
-        """Capture, then the profiler, then the steady clock: capture's launches are never traced, and
-        neither is charged to a steady epoch."""
-        if self.cfg.cuda_graphs:
-            capture_start = time.perf_counter()
-            self.capture_graphs()
-            self.capture_seconds += time.perf_counter() - capture_start
-        if self.cfg.trace_dir:
-            self.profiler = start_profiler(self.cfg, self.device, self.rank.rank)
-        self.warmup_end = time.perf_counter()
-        self.steady_start_ns = time.time_ns()
-
-    def capture_graphs(self) -> None:
-        """Replaces the eager steps and update with CUDA graphs, after eager warm-up epochs ran them on the
-        same stream (validate() refuses cuda_graphs without a warm-up epoch: Adam's state, created at its
-        first step, and compilation must not be captured).
+    def capture(self) -> None:
+        """Replaces the eager steps and update with CUDA graphs before the last warm-up epoch (validate() asks
+        for two or more with cuda_graphs). The eager epochs before it ran them on the same stream, so Adam's
+        state, created at its first step, and compilation are not captured; the warm-up epoch after it replays
+        every graph, so the first replays' one-time costs (each graph's upload, and the eager temporaries
+        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts.
 
         Capture records kernels without running them, so no state advances here. The update is two graphs
         (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
         pool because the backward graph reads what the forward graph saved."""
+        if self.cfg.trace_dir:
+            # A trace shows a graph's kernels, all of them and on time, only if the profiler set up CUPTI before
+            # the graph was captured (pytorch#75504); an empty profiling session first is torch's own remedy
+            # (pytorch#100441, torch.profiler._utils._init_for_cuda_graphs), written here with public API.
+            with torch.profiler.profile(activities=profiler_activities(self.device)):
+                pass
+        capture_start = time.perf_counter()
         step_graphs = [torch.cuda.CUDAGraph() for _ in self.step_fns]
         for graph, step_fn in zip(step_graphs, self.step_fns):
             with torch.cuda.graph(graph, stream=self.compute_stream):
@@ -255,6 +256,15 @@ class Trainer:
             self.learn_fn()
         self.step_fns = [graph.replay for graph in step_graphs]
         self.forward_fn, self.learn_fn = forward_graph.replay, learn_graph.replay
+        self.capture_seconds += time.perf_counter() - capture_start
+
+    def start_steady(self) -> None:
+        """The profiler, then the steady clock: the profiler's start is charged to no steady epoch, and
+        capture, an epoch earlier, is never traced."""
+        if self.cfg.trace_dir:
+            self.profiler = start_profiler(self.cfg, self.device, self.rank.rank)
+        self.warmup_end = time.perf_counter()
+        self.steady_start_ns = time.time_ns()
 
     def start_epoch(self, epoch: int) -> None:
         traced = self.profiler is not None and epoch < self.cfg.warmup_epochs + self.cfg.trace_epochs
@@ -269,8 +279,8 @@ class Trainer:
         self.starts[0].copy_(self.starts[T])
         self.h0.copy_(self.h)
         self.c0.copy_(self.c)
-        if self.copy_stream is not None:
-            self.copy_stream.wait_stream(torch.cuda.current_stream())  # the last update read the buffers it writes
+        # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
+        # only after the host has waited for this epoch's first actions, computed after that update.
         for group in range(len(self.envs)):
             self.launch_step(group, 0)
         for t in range(T):
@@ -315,23 +325,21 @@ class Trainer:
         self.timer.enter("env")
         next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions.numpy())
         self.timer.enter("eval_copy")
-        slot = t % 2
-        if nb:
-            self.slot_free[group][slot].synchronize()
-        v.host_obs[slot].numpy()[:] = next_obs
-        v.host_rewards[slot].numpy()[:] = rewards
-        v.host_dones[slot].numpy()[:] = dones
+        # No copy out of the staging buffers can still be running when the host refills them: the actions the
+        # envs just took were computed on the device from observation t, after the compute stream had waited
+        # for the copies out of these buffers that brought it in (on the same stream, or through obs_ready).
+        v.host_obs.numpy()[:] = next_obs
+        v.host_rewards.numpy()[:] = rewards
+        v.host_dones.numpy()[:] = dones
         if self.masked:
-            v.host_valid[slot].numpy()[:] = valid
+            v.host_valid.numpy()[:] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
-            v.obs[t + 1].copy_(v.host_obs[slot], non_blocking=nb)
-            v.rewards[t].copy_(v.host_rewards[slot], non_blocking=nb)
-            v.dones[t].copy_(v.host_dones[slot], non_blocking=nb)
+            v.obs[t + 1].copy_(v.host_obs, non_blocking=nb)
+            v.rewards[t].copy_(v.host_rewards, non_blocking=nb)
+            v.dones[t].copy_(v.host_dones, non_blocking=nb)
             if self.masked:
-                v.valid[t].copy_(v.host_valid[slot], non_blocking=nb)
-            if self.slot_free is not None:
-                self.slot_free[group][slot].record()
+                v.valid[t].copy_(v.host_valid, non_blocking=nb)
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
@@ -401,23 +409,25 @@ class Trainer:
             self.profiler.step()
         return {
             "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
-            "phases": phases, "losses": losses,
+            "phases": phases, "losses": losses, "episodes": episodes_done,
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
+            "end_seconds": time.perf_counter() - self.process_start,
         }
 
-    def finish(self, epochs: list[dict], process_start: float, save_policy: str) -> dict:
+    def finish(self, epochs: list[dict], save_policy: str) -> dict:
         steady_end_ns = time.time_ns()
         if self.profiler is not None:
             self.profiler.stop()
         if save_policy and self.rank.rank == 0:
             torch.save(self.policy.state_dict(), save_policy)
-        wall = time.perf_counter() - process_start
-        summary = summarize(self.cfg, epochs, wall, self.warmup_end - process_start, self.compile_seconds,
+        wall = time.perf_counter() - self.process_start
+        summary = summarize(self.cfg, epochs, wall, self.warmup_end - self.process_start, self.compile_seconds,
                             self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
         summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
         summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
         summary["work"] = self.work
         summary["parameters"] = sum(p.numel() for p in self.policy.parameters())
+        summary["time_to_solve"] = time_to_solve(self.cfg, epochs, summary["sps"])
         for env in self.envs:
             env.close()
         return summary
@@ -604,6 +614,13 @@ def trace_file_name(rank: int) -> str:
     return "trace.json.gz" if rank == 0 else f"trace.rank{rank}.json.gz"
 
 
+def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
 def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
     """Starts recording the next `trace_epochs` epochs. The profiler's warm-up step is taken here, outside
     every epoch, so its start-up cost lands in no traced or timed epoch."""
@@ -611,12 +628,8 @@ def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
 
     out = Path(cfg.trace_dir)
     out.mkdir(parents=True, exist_ok=True)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-
     profiler = torch.profiler.profile(
-        activities=activities,
+        activities=profiler_activities(device),
         schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.trace_epochs, repeat=1),
         on_trace_ready=functools.partial(export_trace, out / trace_file_name(rank)),
     )
@@ -658,7 +671,7 @@ def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes
         "dtype_used": str(dtype_used).removeprefix("torch."),
         "world_size": cfg.world_size,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "device_uuid": f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None,
+        "device_uuid": cuda_uuid(device) if device.type == "cuda" else None,
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
                      **torch_versions()},
     }

@@ -332,3 +332,49 @@ def side_by_side(frame: pd.DataFrame, a: str, b: str) -> str:
         ax.grid(axis="y", visible=False)
         ax.legend(loc="lower right")
         return to_svg(figure)
+
+
+def pareto(points: pd.DataFrame, costs: dict[str, str]) -> str:
+    """Final score against the cost of solving, one panel per cost, over a run's points. `points`: label,
+    final_return and, per cost column c of `costs` (c: axis label), c (the median: inf when not reached), c_low,
+    c_high (inf when unbounded) and c_budget (the longest repeat). Each point has its colour, named in the
+    legend; a median that was not reached is drawn at the budget as a right-pointing triangle (the cost lies
+    beyond it). The Pareto front (no other point both cheaper and better) is ringed and joined, cheapest first."""
+    with rc_context(STYLE):
+        figure = _new(4.6 * len(costs), 3.2 + 0.22 * -(-len(points) // 3))
+        axes = figure.subplots(1, len(costs), squeeze=False)[0]
+        y = points["final_return"].to_numpy(float)
+        handles = []
+        for ax, (cost, axis_label) in zip(axes, costs.items()):
+            reached = np.isfinite(points[cost]).to_numpy()
+            x = np.where(reached, points[cost], points[f"{cost}_budget"])
+            high = points[f"{cost}_high"].to_numpy(float)
+            edge = float(np.nanmax(np.where(np.isfinite(high), high, x))) * 1.08
+            front = sorted(_pareto_front(x, y), key=lambda i: x[i])
+            ax.plot(x[front], y[front], "-", color="#33414f", lw=1, alpha=0.5, zorder=1)
+            ring = ax.plot(x[front], y[front], "o", ms=12, mfc="none", mec="#33414f", zorder=1, label="Pareto front")
+            drawn = []
+            for i, label in enumerate(points["label"]):
+                color = PALETTE[i % len(PALETTE)]
+                if reached[i]:
+                    drawn.append(ax.errorbar(x[i], y[i], xerr=[[x[i] - points[f"{cost}_low"].iloc[i]],
+                                                               [(high[i] if np.isfinite(high[i]) else edge) - x[i]]],
+                                             fmt="o", ms=6, color=color, elinewidth=1, capsize=2, alpha=0.9,
+                                             label=_short(label, 40)))
+                else:
+                    drawn += ax.plot(x[i], y[i], ">", ms=8, color=color, label=_short(label, 40) + " (not reached)")
+            handles = handles or drawn + ring
+            ax.set_xlim(0, edge)
+            ax.set_xlabel(axis_label)
+            ax.set_ylabel("final episode return (median)")
+            ax.set_title(f"score against {axis_label}")
+        figure.legend(handles=handles, loc="outside lower center", ncols=3)
+        return to_svg(figure)
+
+
+def _pareto_front(cost: np.ndarray, score: np.ndarray) -> list[int]:
+    """Indices of the points no other point beats on both counts (cost no higher, score no lower, one strictly)."""
+    def beaten(i: int) -> bool:
+        return any(cost[j] <= cost[i] and score[j] >= score[i] and (cost[j] < cost[i] or score[j] > score[i])
+                   for j in range(len(cost)) if j != i)
+    return [i for i in range(len(cost)) if np.isfinite(score[i]) and not beaten(i)]

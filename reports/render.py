@@ -9,8 +9,10 @@ import pandas as pd
 
 from reports import figures, roofline
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
+from reports.learning import LearningVerdict
+from reports.learning_report import baseline_learning_section, knob_learning_section, learning_section
 from reports.page import Report, Section, write_report
-from reports.rundata import RunData, phase_us_per_step, point_table, swept_axes
+from reports.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from reports import gate
 from reports.history import MIN_OFFSET_RUNS, offset_text, suite_offset
@@ -202,18 +204,6 @@ def phase_section(run: RunData) -> Section | None:
     return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
 
 
-def reference_point(point_key: str, candidates: list[str]) -> str | None:
-    """The point that sets the fewest of this point's swept values, and nothing else: for a knob swept on
-    its own, the plain baseline at the same batch size."""
-    values = json.loads(point_key)
-
-    def sets_less(key: str) -> bool:
-        other = json.loads(key)
-        return len(other) < len(values) and all(name in values and values[name] == v for name, v in other.items())
-
-    return min(filter(sets_less, candidates), key=lambda key: len(json.loads(key)), default=None)
-
-
 def fmt_phase_changes(changes: list) -> str:
     return ", ".join(f"{phase} {(change.candidate - change.baseline) * 1e6:+.2f} µs ({fmt_change(change.relative)})"
                      for phase, change in changes)
@@ -224,24 +214,17 @@ KNOB_OUTCOMES = {"improved": "faster", "regressed": "slower", "unchanged": "no c
 
 
 def knob_section(run: RunData, threshold: float, alpha: float) -> Section | None:
-    ok = run.points[run.points["status"] == "ok"]
-    measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
     rows = []
-    for point_key in measured:
-        reference = reference_point(point_key, measured)
-        if reference is None:
-            continue
-        verdict = judge_point(run.samples[run.samples["point_key"] == point_key],
-                              run.samples[run.samples["point_key"] == reference], threshold, alpha)
+    for knobs, reference, mine, theirs in knob_pairs(run):
+        verdict = judge_point(mine, theirs, threshold, alpha)
         sps, grew, shrank = verdict.sps, verdict.phases_grew, verdict.phases_shrank
         if sps is None:
             continue
         # as for growth, a saving under 2% of the step explains nothing
         shrank = [(phase, change) for phase, change in shrank
                   if change.baseline - change.candidate >= MIN_PHASE_GROWTH_SHARE / sps.baseline]
-        added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
         rows.append({
-            "knobs": point_label(json.dumps(added)), "compared with": point_label(reference),
+            "knobs": knobs, "compared with": point_label(reference),
             "SPS": f"{fmt_sps(sps.baseline)} → {fmt_sps(sps.candidate)}",
             "change": f"{fmt_change(sps.relative)} {fmt_interval(sps)}",
             "verdict": KNOB_OUTCOMES[verdict.status], "p": fmt_p(sps.p_value), "phases that shrank (per step)": fmt_phase_changes(shrank),
@@ -364,14 +347,15 @@ def collectives_section(run: RunData) -> Section | None:
     rows = run.collectives
     if rows.empty:
         return None
+    rows = rows.astype({"algbw_gbps": float, "busbw_gbps": float})  # NULL (a call timed at zero): NaN, left out
     table = (rows.groupby(["op", "backend", "world_size", "bytes"], sort=True)
              .agg(time_us=("time_us", "median"), algbw_gbps=("algbw_gbps", "median"),
                   busbw_gbps=("busbw_gbps", "median")).reset_index())
     shown = pd.DataFrame({"op": table["op"], "backend": table["backend"], "ranks": table["world_size"],
                           "bytes": table["bytes"].map(lambda b: f"{b:,}"),
                           "time µs": table["time_us"].map(lambda v: f"{v:,.1f}"),
-                          "algbw GB/s": table["algbw_gbps"].map(lambda v: f"{v:.2f}"),
-                          "busbw GB/s": table["busbw_gbps"].map(lambda v: f"{v:.2f}")})
+                          "algbw GB/s": table["algbw_gbps"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"),
+                          "busbw GB/s": table["busbw_gbps"].map(lambda v: "–" if pd.isna(v) else f"{v:.2f}")})
     text = ["algbw = bytes / time; busbw follows the nccl-tests convention (all-reduce × 2(n−1)/n, all-gather "
             "and reduce-scatter × (n−1)/n); medians over repeats."]
     return Section("Collectives", text, [shown], [figures.collectives(rows)], side_by_side=True)
@@ -403,15 +387,16 @@ def _fmt_optional(value) -> str:
 
 
 def build(candidate: RunData, baseline: RunData | None = None, threshold: float = DEFAULT_THRESHOLD,
-          alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict]]:
+          alpha: float = DEFAULT_ALPHA) -> tuple[Report, list[PointVerdict], list[LearningVerdict]]:
     table = point_table(candidate)
     verdicts: list[PointVerdict] = []
+    learning_verdicts: list[LearningVerdict] = []
     sections: list[Section | None] = []
     gate_plan = gate.screen_pair_plan(candidate, baseline) if baseline is not None else None
     if gate_plan is not None:
         found = gate.stored_verdicts(candidate, baseline, gate_plan)
         verdicts = gate.as_point_verdicts(found)
-        sections.append(gate_section(found, gate_plan, baseline))
+        speed_section = gate_section(found, gate_plan, baseline)
     elif baseline is not None:
         design = paired_design(candidate.fingerprint, baseline.run_id) \
             if candidate.store_path == baseline.store_path else None
@@ -420,28 +405,35 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
         else:
             verdicts = judge(candidate.points, candidate.samples, baseline.points, baseline.samples, threshold,
                              alpha)
-        sections.append(verdict_section(verdicts, candidate, baseline, threshold, alpha, design))
+        speed_section = verdict_section(verdicts, candidate, baseline, threshold, alpha, design)
+    if baseline is not None:
+        # a point that got faster but learns worse is said first
+        learning, learning_verdicts = baseline_learning_section(candidate, baseline, verdicts, alpha)
+        sections += [learning, speed_section]
     if not table.empty:
-        sections += [sps_section(table), quiet_section(candidate), phase_section(candidate),
-                     roofline.section(candidate), knob_section(candidate, threshold, alpha),
+        sections += [sps_section(table), learning_section(candidate, table, alpha),
+                     knob_learning_section(candidate, threshold, alpha), quiet_section(candidate),
+                     phase_section(candidate), roofline.section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]
     badges = {status: count for status, count in tally(verdicts).items() if count}
     report = Report(f"rlperf report · suite {candidate.suite}", run_header(candidate),
                     [s for s in sections if s is not None], badges)
-    return report, verdicts
+    return report, verdicts, learning_verdicts
 
 
 def render(candidate: RunData, out_dir: str, baseline: RunData | None = None,
            threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA, allow_cross_machine: bool = False,
            fail_on_inconclusive: bool = False) -> tuple[int, list[PointVerdict], tuple[str, str]]:
     """Writes report.md and report.html for one run into `out_dir`. The status is 1 when a point regressed
-    against `baseline`, or could not be decided and `fail_on_inconclusive`, else 0; bad input raises
-    BadInput. Returns the status, the verdicts and the two paths."""
+    against `baseline` (in SPS, or in time to solve), or could not be decided and `fail_on_inconclusive`, else
+    0; bad input raises BadInput. Returns the status, the SPS verdicts and the two paths."""
     check_criteria(threshold, alpha)
     if baseline is not None:
         check_baseline(candidate, baseline, allow_cross_machine)
-    report, verdicts = build(candidate, baseline, threshold, alpha)
+    report, verdicts, learning_verdicts = build(candidate, baseline, threshold, alpha)
     paths = write_report(report, out_dir)
-    return exit_code(verdicts, fail_on_inconclusive), verdicts, paths
+    # learning verdicts have the SPS verdicts' outcomes, and fail a run the same way
+    status = max(exit_code(verdicts, fail_on_inconclusive), exit_code(learning_verdicts, fail_on_inconclusive))
+    return status, verdicts, paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,6 +125,31 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
     table = pd.DataFrame(rows).T
     ordered = [phase for phase in PHASES if phase in table.columns]
     return table[ordered + [c for c in table.columns if c not in ordered]]
+
+
+def reference_point(point_key: str, candidates: list[str]) -> str | None:
+    """The point that sets the fewest of this point's swept values, and nothing else: for a knob swept on
+    its own, the plain baseline at the same batch size."""
+    values = json.loads(point_key)
+
+    def sets_less(key: str) -> bool:
+        other = json.loads(key)
+        return len(other) < len(values) and all(name in values and values[name] == v for name, v in other.items())
+
+    return min(filter(sets_less, candidates), key=lambda key: len(json.loads(key)), default=None)
+
+
+def knob_pairs(run: RunData) -> Iterator[tuple[str, str, pd.DataFrame, pd.DataFrame]]:
+    """Each measured point that has a reference point in the run: (the label of the values it adds, the
+    reference's key, its samples, the reference's samples)."""
+    ok = run.points[run.points["status"] == "ok"]
+    measured = [key for key in ok["point_key"] if (run.samples["point_key"] == key).any()]
+    for point_key in measured:
+        reference = reference_point(point_key, measured)
+        if reference is not None:
+            added = {k: v for k, v in json.loads(point_key).items() if k not in json.loads(reference)}
+            yield (point_label(json.dumps(added)), reference, run.samples[run.samples["point_key"] == point_key],
+                   run.samples[run.samples["point_key"] == reference])
 
 
 def swept_axes(run: RunData) -> dict[str, list]:

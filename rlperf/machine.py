@@ -19,7 +19,8 @@ from typing import Any
 
 import psutil
 
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, MachineFault
+from rlperf.torch_api import supported_torch
 
 
 def torch_versions() -> dict[str, Any]:
@@ -37,20 +38,23 @@ def torch_versions() -> dict[str, Any]:
     }
 
 
+def cuda_uuid(device) -> str:
+    """A CUDA device's UUID as NVML names it (`GPU-<uuid>`): NVML finds the device by it whatever
+    CUDA_VISIBLE_DEVICES and CUDA's device order made of its index."""
+    import torch
+
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
 def describe_torch() -> dict[str, Any]:
     import torch
 
+    supported_torch()
     gpus = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        gpus.append({
-            "index": index,
-            "name": props.name,
-            # NVML names GPUs "GPU-<uuid>"; matching that form lets the sampler find the GPUs a point uses
-            # even when CUDA_VISIBLE_DEVICES renumbers them.
-            "uuid": f"GPU-{props.uuid}",
-            "bf16": (props.major, props.minor) >= (8, 0),
-        })
+        gpus.append({"index": index, "name": props.name, "uuid": cuda_uuid(index),
+                     "bf16": (props.major, props.minor) >= (8, 0)})
     return {**torch_versions(), "gpus": gpus}
 
 
@@ -92,14 +96,21 @@ class Machine:
         return requested
 
 
+BAD_TORCH = 2  # the probe's exit code for a torch rlperf does not support
+
+
 def probe(python: str = sys.executable, timeout_s: float = 120.0) -> Machine:
+    """What `python`'s torch can run. A torch rlperf does not support is bad input (exit 2); a probe that
+    fails otherwise (a broken driver, a torch that cannot start) is a fault of the machine (exit 1)."""
     try:
         done = subprocess.run([python, "-m", "rlperf.machine"], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise BadInput(f"torch: `{python} -m rlperf.machine` did not answer within {timeout_s:.0f} s") from None
+        raise MachineFault(f"torch: `{python} -m rlperf.machine` did not answer within {timeout_s:.0f} s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BadInput(f"torch: `{python} -m rlperf.machine` failed: {last}")
+        if done.returncode == BAD_TORCH:
+            raise BadInput(last)  # the probe's own line, naming torch and what is allowed
+        raise MachineFault(f"torch: `{python} -m rlperf.machine` failed: {last}")
     return Machine(**json.loads(done.stdout))
 
 
@@ -228,6 +239,21 @@ def comparability_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]
             if read(a) != read(b)]
 
 
-if __name__ == "__main__":
-    json.dump(describe_torch(), sys.stdout)
+def main() -> int:
+    """Prints the description as one JSON object; a failure is one line on stderr, never a traceback, and
+    exit code BAD_TORCH when the torch is one rlperf does not support."""
+    try:
+        described = describe_torch()
+    except BadInput as exc:
+        sys.stderr.write(f"{exc}\n")
+        return BAD_TORCH
+    except Exception as exc:  # whatever torch or the driver raised: the probe's caller reports it in one line
+        sys.stderr.write(f"{type(exc).__name__}: {' '.join(str(exc).split())}\n")
+        return 1
+    json.dump(described, sys.stdout)
     sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

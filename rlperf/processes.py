@@ -202,6 +202,16 @@ class Heartbeat:
 
 # ---- launching and watching ranks ---------------------------------------------------------------------------
 
+def rank_gpu(local_rank: int, visible_gpus: int, environ: dict[str, str] | os._Environ = os.environ) -> int:
+    """The index, among the GPUs this process sees, of the GPU a rank uses: its LOCAL_RANK, except when an
+    outside launcher gave the rank exactly one GPU (SLURM's and Kubernetes' one GPU per rank, by
+    CUDA_VISIBLE_DEVICES), which is then its GPU whatever its LOCAL_RANK. Ranks `launch_ranks` starts see
+    every GPU of the machine, so one GPU visible to them means the machine has one, and they keep LOCAL_RANK."""
+    if visible_gpus == 1 and RANK_DIR_ENV not in environ:
+        return 0
+    return local_rank
+
+
 class RankFailed(RuntimeError):
     """A rank died or stopped making progress; the message names it."""
 

@@ -76,6 +76,10 @@ def test_shipped_suites_load_and_smoke_sweeps_batch_dtype_and_lstm_on_cpu():
     assert {p.config["num_envs"] for p in nightly.points} == {1024, 4096}
     hardware = suites.load("hardware")
     assert {p.config["device"] for p in hardware.points} == {"cpu", "cuda"}
+    for name, device in (("learning", "cpu"), ("learning-atari", "cuda")):
+        learning = suites.load(name)
+        assert all(p.config["target_return"] is not None and p.config["device"] == device for p in learning.points)
+        assert learning.repeats >= 5  # at 4 seeds a side even a complete separation gives log-rank p = 0.007
 
 
 def test_device_override_changes_the_points_and_the_suite_hash():
@@ -107,7 +111,8 @@ def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, me
 
 
 def test_unknown_suite_name_lists_the_shipped_ones():
-    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, hardware, nightly, overhead, smoke"):
+    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, hardware, learning, "
+                                  r"learning-atari, nightly, overhead, smoke"):
         suites.load("smok")
 
 

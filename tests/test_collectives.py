@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -273,10 +272,15 @@ def test_nccl_on_one_gpu(tmp_path):
         run_id = store.latest_run()
         rows = store.collectives(run_id)
         fingerprint = store.fingerprint(run_id)
-    assert set(rows["backend"]) == {"nccl"} and (rows["time_us"] > 0).all()
+    assert set(rows["backend"]) == {"nccl"} and (rows["time_us"] >= 0).all()
+    # An in-place call on one rank can move nothing and read 0.0 ms: such a call has no bandwidth.
+    timed = rows[rows["time_us"] > 0]
+    assert rows.loc[rows["time_us"] == 0, ["algbw_gbps", "busbw_gbps"]].isna().all().all()
+    assert timed[["algbw_gbps", "busbw_gbps"]].notna().all().all()
     # One rank moves nothing over a bus: all-reduce, all-gather and reduce-scatter busbw is 0 by convention.
-    assert (rows.loc[rows["op"] != "broadcast", "busbw_gbps"] == 0).all()
-    broadcast = rows[rows["op"] == "broadcast"]
+    assert (timed.loc[timed["op"] != "broadcast", "busbw_gbps"] == 0).all()
+    broadcast = timed[timed["op"] == "broadcast"]
     assert broadcast["busbw_gbps"].to_numpy() == pytest.approx(broadcast["algbw_gbps"].to_numpy())
-    assert statistics.median(rows.loc[rows["bytes"] == rows["bytes"].max(), "algbw_gbps"]) > 1.0
+    # the out-of-place gather and scatter copy the whole buffer, however little a bus carries
+    assert timed.loc[timed["bytes"] == timed["bytes"].max(), "algbw_gbps"].median() > 1.0
     assert fingerprint["nccl"] and fingerprint["cuda_devices"]

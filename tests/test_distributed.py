@@ -1,6 +1,6 @@
-"""Two gloo ranks on CPU: training runs, one update matches one rank, a dead or silent rank fails the run
-and is named, a taken rendezvous port is retried. No test here depends on how fast a process starts.
-The watchdog's own rules are tested in test_processes.py."""
+"""Two gloo ranks on CPU: training runs, one update matches one rank (on two GPUs too, over nccl), a dead or
+silent rank fails the run and is named, a taken rendezvous port is retried. No test here depends on how fast a
+process starts. The watchdog's own rules are tested in test_processes.py."""
 
 import contextlib
 import json
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 from reference_trainer import distributed
@@ -41,13 +42,17 @@ def test_two_ranks_train_and_report_every_rank_and_trace_apart(tmp_path):
     assert summary["trace"] == str(traces / "trace.json.gz")
 
 
-def test_two_ranks_with_half_the_envs_each_match_one_rank_after_one_update(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")])])
+def test_two_ranks_with_half_the_envs_each_match_one_rank_after_one_update(tmp_path, device):
+    # gloo on CPUs, nccl and DDP's bucketed all-reduce of CUDA gradients on GPUs
     common = ["--env", "synthetic", "--num-envs", "16", "--horizon", "8", "--minibatch-size", "128",
-              "--update-epochs", "1", "--hidden-size", "32", "--total-steps", "128", "--warmup-epochs", "0"]
+              "--update-epochs", "1", "--hidden-size", "32", "--total-steps", "128", "--warmup-epochs", "0",
+              "--device", device]
     for world in (1, 2):
         proc = run_train(*common, "--world-size", str(world), "--save-policy", str(tmp_path / f"w{world}.pt"))
         assert proc.returncode == 0, proc.stderr
-    one, two = (torch.load(tmp_path / f"w{w}.pt") for w in (1, 2))
+    one, two = (torch.load(tmp_path / f"w{w}.pt", map_location="cpu") for w in (1, 2))
     torch.manual_seed(1)  # the trainer's default seed: the policy both runs started from
     untrained = Policy(32, 4, 32, use_lstm=True, fused_cell=True).state_dict()
     moved = 0.0

@@ -7,23 +7,24 @@ epoch boundaries), a cudaFree from the caching allocator, or anything in torch.d
 reducer is outside it; DDP also needs rank processes and two GPUs, which an in-process check cannot have.
 """
 
-import gzip
 import json
 import math
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from rlperf.machine import nvml_gpus, probe
+from rlperf.machine import cuda_uuid, nvml_gpus, probe
 from benches.runner import config_mismatch
+from profilers import trace_events
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
-from reference_trainer.train import train
+from reference_trainer.train import Trainer, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -45,17 +46,13 @@ def per_epoch_losses(summary):
     return [e["losses"] for e in summary["epochs"]]
 
 
-def gpu_uuid(index: int) -> str:
-    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-
-
 def test_a_single_gpu_run_from_the_command_line_keeps_the_requested_device(tmp_path):
     out = tmp_path / "summary.json"
     done = subprocess.run([sys.executable, "-m", "rlperf", "train", *SMALL_RUN, "--device", "cuda", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
-    assert summary["config"]["device"] == "cuda" and summary["device_uuid"] == gpu_uuid(0)
+    assert summary["config"]["device"] == "cuda" and summary["device_uuid"] == cuda_uuid(0)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -68,14 +65,16 @@ def test_two_ranks_use_the_requested_gpus_and_report_the_requested_device(tmp_pa
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
     assert config_mismatch(requested, summary["config"]) is None  # the bench harness's check
-    assert summary["device_uuid"] == gpu_uuid(first) and [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert summary["device_uuid"] == cuda_uuid(first) and [r["rank"] for r in summary["ranks"]] == [0, 1]
 
 
 def test_async_copies_deliver_exactly_what_blocking_copies_do():
     # The synthetic env's observations and rewards depend on the step and on the actions taken: an
     # observation read before its copy landed, or an action read before it reached the host, changes
     # the data and so every loss after it. The delay hook holds every copy back by far longer than the
-    # host takes to step, so a missing wait shows; tolerances allow for reduction order only.
+    # host takes to step, so a missing wait shows; tolerances allow for reduction order only. The two
+    # waits there are (the host on actions_ready, the compute stream on obs_ready) each guard one of those
+    # reads; every other order the copies need follows from them (Trainer.step_envs and rollout say how).
     blocking = per_epoch_losses(train(cuda_cfg()))
     steady_steps = (len(blocking) - BASE["warmup_epochs"]) * BASE["horizon"]
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),
@@ -126,26 +125,92 @@ def actions_taken(monkeypatch, **knobs) -> np.ndarray:
 def test_the_trainers_step_graph_draws_fresh_noise_at_every_replay(monkeypatch):
     eager = actions_taken(monkeypatch)
     graphed = actions_taken(monkeypatch, cuda_graphs=True)
-    replayed = graphed[BASE["warmup_epochs"] * BASE["horizon"]:]  # the steps the captured graph took
+    replayed = graphed[(BASE["warmup_epochs"] - 1) * BASE["horizon"]:]  # the steps the captured graph took
     assert all(not np.array_equal(a, b) for a, b in zip(replayed, replayed[1:]))
     assert (np.bincount(replayed.ravel(), minlength=TrainConfig().num_actions) > 0).all()
     # noise frozen at capture would sample other actions than eager's fresh draws from the same logits
     assert (graphed == eager).mean() > 0.99
 
 
-def test_capture_is_not_traced(tmp_path):
-    summary = train(cuda_cfg(cuda_graphs=True, trace_dir=str(tmp_path)))
-    with gzip.open(summary["trace"], "rt") as f:
-        names = {event.get("name", "") for event in json.load(f)["traceEvents"]}
-    assert any("GraphLaunch" in name for name in names)
+def test_every_graph_is_replayed_before_the_steady_clock_starts(monkeypatch):
+    # Capture empties the allocator's cache and a graph's first launch uploads it: both belong to the
+    # warm-up epoch replaying the graphs, never to a steady one.
+    log = []
+
+    def logged(method, event: str):
+        def call(graph):
+            method(graph)
+            log.append((event, id(graph)))
+        return call
+
+    def start_steady(trainer_self, start_steady=Trainer.start_steady):
+        log.append(("steady", None))
+        start_steady(trainer_self)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", logged(torch.cuda.CUDAGraph.capture_end, "captured"))
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", logged(torch.cuda.CUDAGraph.replay, "replayed"))
+    monkeypatch.setattr(Trainer, "start_steady", start_steady)
+    train(cuda_cfg(cuda_graphs=True), on_epoch=lambda record: log.append(("epoch", record["epoch"])))
+    before_steady = log[:log.index(("steady", None))]
+    captured = [graph for event, graph in before_steady if event == "captured"]
+    assert len(captured) == 1 + 2  # the rollout step (one group) and the update's two halves
+    first_capture = min(log.index(("captured", graph)) for graph in captured)
+    # captured after the eager warm-up epochs, before the last warm-up epoch
+    assert before_steady[first_capture - 1] == ("epoch", BASE["warmup_epochs"] - 2)
+    assert set(captured) <= {graph for event, graph in before_steady if event == "replayed"}
+
+
+def test_capture_is_not_traced_and_traced_replays_keep_their_kernels(tmp_path):
+    # Graphs captured before the profiler first sets up CUPTI lose or mistime their kernels in a later trace
+    # (pytorch#75504): every graph launch inside the traced epoch must have its kernels, inside that epoch.
+    cfg = cuda_cfg(cuda_graphs=True, trace_dir=str(tmp_path))
+    summary = train(cfg)
+    trace = trace_events.load(summary["trace"])
+    names = {event.get("name", "") for event in trace["traceEvents"]}
     assert not [name for name in names if "Capture" in name or "GraphInstantiate" in name]
+    [step] = trace_events.profiler_steps(trace)  # trace_epochs = 1
+    start, end = step["ts"], step["ts"] + step["dur"]
+    launches = [event for event in trace_events.complete_events(trace, ("cuda_runtime", "cuda_driver"))
+                if "GraphLaunch" in event["name"] and start <= event["ts"] <= end]
+    minibatches = cfg.update_epochs * cfg.envs_per_rank // cfg.minibatch_sequences_per_rank
+    assert len(launches) == cfg.horizon + 1 + 2 * minibatches  # every step, the bootstrap value, the updates
+    kernels = Counter(event["args"]["correlation"] for event in trace_events.complete_events(trace, "kernel")
+                      if start <= event["ts"] and event["ts"] + event["dur"] <= end)
+    without_kernels = [launch["ts"] for launch in launches if not kernels[launch["args"]["correlation"]]]
+    assert not without_kernels, f"{len(without_kernels)} of {len(launches)} graph launches show no kernel"
 
 
-@pytest.mark.parametrize("dtype, expected", [("bf16", "bfloat16"), ("fp16", "float16")])
-def test_low_precision_really_computes_in_it(dtype, expected):
+@pytest.mark.parametrize("dtype, expected", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
+    # What the recurrent cell returns, in the rollout (no grad) and in training, on every call of the run;
+    # and for fp16, that the loss scaler really scaled: its state moves on every step it takes.
+    produced, scalers = [], []
+
+    class WatchedPolicy(trainer.Policy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cell.register_forward_hook(
+                lambda cell, inputs, output: produced.append((torch.is_grad_enabled(), output[0].dtype)))
+
+    class WatchedScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            scalers.append(self)
+
+    monkeypatch.setattr(trainer, "Policy", WatchedPolicy)
+    monkeypatch.setattr(torch.amp, "GradScaler", WatchedScaler)
     summary = train(cuda_cfg(dtype=dtype))
-    assert summary["dtype_used"] == expected
+    assert summary["dtype_used"] == str(expected).removeprefix("torch.")
+    rollout = Counter(out for training, out in produced if not training)
+    training = Counter(out for training, out in produced if training)
+    assert set(rollout) == {expected} and set(training) == {expected}, (rollout, training)
+    assert rollout[expected] > BASE["horizon"] and training[expected] > BASE["horizon"]
     assert all(math.isfinite(v) for v in summary["losses"].values())
+    [scaler] = scalers
+    assert scaler.is_enabled() == (dtype == "fp16")
+    if dtype == "fp16":
+        state = scaler.state_dict()
+        assert state["scale"] != 2.0**16 or state["_growth_tracker"] > 0, state
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(cuda_graphs=True), dict(copy_stream=True, env_groups=2, cuda_graphs=True),

@@ -1,23 +1,32 @@
 """The GPU paths' logic that does not need a GPU: which device a rank uses, the rules that refuse knobs,
-the compile-time accounting and the per-rank trace names. The CUDA behaviour itself is in
-tests/test_gpu_knobs.py."""
+the compile-time accounting, the per-rank trace names and the collectives' bandwidth of a call timed at zero.
+The CUDA behaviour itself is in tests/test_gpu_knobs.py."""
+
+from io import StringIO
 
 import pytest
 import torch
+from rich.console import Console
 
+from benches.collectives import Settings, bandwidth_row, save, show
+from reports.render import collectives_section
+from reports.rundata import load
 from rlperf.machine import Machine
+from rlperf.processes import RANK_DIR_ENV, rank_gpu
+from rlperf.store import Store
 from reference_trainer.config import ConfigError, TrainConfig, validate
 from reference_trainer.train import rank_device, trace_file_name, train, training_device
 
 SMALL = dict(env="synthetic", num_envs=8, horizon=4, minibatch_size=16, hidden_size=8, total_steps=96, threads=1)
 
 
-def test_cuda_graphs_need_an_eager_warmup_epoch_before_capture():
-    cfg = TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 0})
+@pytest.mark.parametrize("warmup_epochs", [0, 1])
+def test_cuda_graphs_need_two_warmup_epochs_one_eager_and_one_replayed(warmup_epochs):
+    cfg = TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": warmup_epochs})
     with pytest.raises(ConfigError) as refused:
         validate(cfg)
-    assert refused.value.field_name == "warmup_epochs"
-    validate(TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 1}))
+    assert refused.value.field_name == "warmup_epochs" and f"(got {warmup_epochs})" in str(refused.value)
+    validate(TrainConfig(**{**SMALL, "device": "cuda", "cuda_graphs": True, "warmup_epochs": 2}))
 
 
 @pytest.mark.parametrize("requested, local_rank, expected", [
@@ -61,6 +70,47 @@ def test_a_cuda_device_the_machine_lacks_is_refused(monkeypatch):
         training_device(validate(TrainConfig(**{**SMALL, "device": "cuda:1", "world_size": 2})), local_rank=1)
     assert refused.value.field_name == "device" and "needs GPU 2, but 2 are visible" in str(refused.value)
     assert training_device(validate(TrainConfig(**{**SMALL, "device": "cuda"})), local_rank=1) == torch.device("cuda:1")
+
+
+@pytest.mark.parametrize("local_rank, visible, launched_here, expected", [
+    (3, 1, False, 0),  # SLURM or Kubernetes gave this rank one GPU: it is GPU 0 of what the rank sees
+    (3, 8, False, 3),  # torchrun on a whole node: LOCAL_RANK picks the GPU
+    (1, 1, True, 1),  # ranks rlperf starts see the whole machine: one GPU there is all the machine has
+    (0, 1, True, 0),
+])
+def test_a_rank_given_one_gpu_uses_it(local_rank, visible, launched_here, expected):
+    environ = {RANK_DIR_ENV: "/tmp/ranks"} if launched_here else {"CUDA_VISIBLE_DEVICES": "GPU-1234"}
+    assert rank_gpu(local_rank, visible, environ) == expected
+
+
+def test_a_one_gpu_rank_trains_on_it_and_an_offset_it_cannot_honour_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    four_ranks = dict(SMALL, device="cuda", world_size=4, num_envs=16, minibatch_size=64)
+    gpu = rank_gpu(local_rank=3, visible_gpus=1, environ={})
+    assert training_device(validate(TrainConfig(**four_ranks)), gpu) == torch.device("cuda:0")
+    with pytest.raises(ConfigError) as refused:
+        training_device(validate(TrainConfig(**{**four_ranks, "device": "cuda:1"})), gpu)
+    assert refused.value.field_name == "device" and "needs GPU 1, but 1 are visible" in str(refused.value)
+
+
+def test_a_collective_timed_at_zero_has_no_bandwidth_and_shows_none(tmp_path):
+    # One nccl rank's in-place all_reduce moves nothing: its event pair can read 0.0 ms.
+    rows = [bandwidth_row("all_reduce", "nccl", 1, 4096, repeat, 0.0) for repeat in range(3)]
+    rows += [bandwidth_row("broadcast", "nccl", 1, 4096, repeat, 2e-6) for repeat in range(3)]
+    assert rows[0]["time_us"] == 0.0 and rows[0]["algbw_gbps"] is None and rows[0]["busbw_gbps"] is None
+    assert rows[-1]["algbw_gbps"] == pytest.approx(4096 / 2e-6 / 1e9)
+    result = {"rows": rows, "device_name": "GPU", "max_bytes": 4096, "requested_max_bytes": 4096}
+    console = Console(file=StringIO(), width=200)
+    show(console, result, "run-1", tmp_path / "results.sqlite")
+    all_reduce = next(line for line in console.file.getvalue().splitlines() if "all_reduce" in line)
+    assert all_reduce.count("–") == 3  # the min–max range, and no algbw, no busbw
+    store_path = tmp_path / "results.sqlite"
+    with Store.open(store_path) as store:
+        save(store, result, Settings(1, "nccl", 4096, 4096, 3, 0, 60.0),
+             Machine(torch="2.13.0", cuda="12.8", cudnn=None, nccl="2.27.3", gpus=[]), None)
+    shown = collectives_section(load(str(store_path))).tables[0].set_index("op")
+    assert shown.loc["all_reduce", "algbw GB/s"] == "–" and shown.loc["broadcast", "busbw GB/s"] == "2.05"
 
 
 def test_the_copy_delay_hook_is_refused_on_a_cpu():

@@ -1,6 +1,8 @@
 """Pixel observations: uint8 all the way to the device, the CNN encoder, the catch task it learns, and the
 host->device bytes and parameter counts the summary reports."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -16,11 +18,11 @@ PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="
 
 def test_pixels_stay_uint8_from_the_env_to_the_minibatch():
     cfg = validate(TrainConfig(**PIXELS))
-    trainer = Trainer(cfg, torch.device("cpu"), Rank(), None, 0)
+    trainer = Trainer(cfg, torch.device("cpu"), Rank(), None, 0, time.perf_counter())
     frame = (4, 84, 84)
     assert trainer.obs.dtype == torch.uint8 and trainer.obs.shape == (5, 4, *frame)
     assert trainer.step_obs.dtype == torch.uint8 and trainer.step_obs.shape == (4, *frame)
-    assert trainer.views[0].host_obs.dtype == torch.uint8 and trainer.views[0].host_obs.shape == (2, 4, *frame)
+    assert trainer.views[0].host_obs.dtype == torch.uint8 and trainer.views[0].host_obs.shape == (4, *frame)
     batch_obs = trainer.minibatch.batch["obs"]
     assert batch_obs.dtype == torch.uint8 and batch_obs.shape == (4, 2, *frame)
     trainer.rollout()

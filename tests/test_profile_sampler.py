@@ -4,8 +4,9 @@ import pynvml
 import pytest
 import torch
 
-from profilers.sampler import GPU_METRICS, UtilizationSampler, cuda_visible_entries
+from profilers.sampler import GPU_METRICS, UtilizationSampler
 from rlperf.errors import BadInput
+from rlperf.machine import cuda_uuid
 
 
 def _no_nvml(monkeypatch):
@@ -59,27 +60,17 @@ def test_stop_without_start_returns_nothing():
     assert UtilizationSampler(0.1).stop() == []
 
 
-@pytest.mark.parametrize(
-    "value, expected",
-    [
-        (None, None),
-        ("", []),
-        ("1,0", ["1", "0"]),
-        ("GPU-abc, 2", ["GPU-abc", "2"]),
-        ("0,-1,1", ["0"]),
-        ("0,MIG-x,1", ["0"]),
-    ],
-)
-def test_cuda_visible_devices_parsing(value, expected):
-    environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
-    assert cuda_visible_entries(environ) == expected
-
-
 class FakeNvml:
-    """Two devices behind NVML's function names, so the UUID mapping and the unsupported-metric path run
-    on machines without a GPU. The real library is exercised by the GPU test below."""
+    """Two devices behind NVML's function names, in NVML's (PCI bus) order, so the UUID lookup and the
+    unsupported-metric path run on machines without a GPU. The real library is exercised by the GPU test
+    below."""
 
     uuids = ["GPU-aaaa-0000", "GPU-bbbb-1111"]
+
+    def handle_by_uuid(self, uuid):
+        if uuid not in self.uuids:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return self.uuids.index(uuid)
 
     def install(self, monkeypatch):
         class Rates:
@@ -96,6 +87,7 @@ class FakeNvml:
             "nvmlShutdown": lambda: None,
             "nvmlDeviceGetCount": lambda: 2,
             "nvmlDeviceGetHandleByIndex": lambda i: i,
+            "nvmlDeviceGetHandleByUUID": self.handle_by_uuid,
             "nvmlDeviceGetUUID": lambda h: self.uuids[h],
             "nvmlDeviceGetUtilizationRates": lambda h: Rates,
             "nvmlDeviceGetMemoryInfo": lambda h: Memory,
@@ -110,10 +102,16 @@ class FakeNvml:
             monkeypatch.setattr(pynvml, name, fn)
 
 
-def test_nvml_devices_are_mapped_by_uuid_and_respect_cuda_visible_devices(monkeypatch):
+@pytest.mark.parametrize("cuda_visible_devices", [None, "0", "MIG-1a2b3c4d-0000-1111-2222-333344445555,1"])
+def test_the_runs_gpu_is_found_by_its_uuid_whatever_cuda_numbered_it(monkeypatch, cuda_visible_devices):
+    # On a box with two GPU models CUDA numbers the faster one 0 and NVML the one first on the PCI bus: the
+    # run's GPU is NVML's second, whatever CUDA_VISIBLE_DEVICES says (a MIG entry included).
     FakeNvml().install(monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    with UtilizationSampler(0.05) as sampler:
+    if cuda_visible_devices is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cuda_visible_devices)
+    with UtilizationSampler(0.05, gpu_uuids=["GPU-bbbb-1111"]) as sampler:
         time.sleep(0.05)
     rows = sampler.stop()
     assert sampler.unavailable is None
@@ -133,6 +131,14 @@ def test_nvml_devices_are_mapped_by_uuid_and_respect_cuda_visible_devices(monkey
     }
 
 
+def test_without_named_gpus_every_gpu_nvml_sees_is_sampled(monkeypatch):
+    FakeNvml().install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # NVML ignores it, and so does a sampler told no GPU
+    with UtilizationSampler(0.05) as sampler:
+        time.sleep(0.05)
+    assert {source for _, source, _, _ in sampler.stop()} == {"gpu:GPU-aaaa-0000", "gpu:GPU-bbbb-1111", "cpu"}
+
+
 def test_named_uuid_missing_from_nvml_is_reported(monkeypatch):
     FakeNvml().install(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -146,8 +152,7 @@ def test_named_uuid_missing_from_nvml_is_reported(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and NVML")
 def test_real_nvml_sees_the_current_device():
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    uuid = cuda_uuid(torch.cuda.current_device())
     with UtilizationSampler(0.05, gpu_uuids=[uuid]) as sampler:
         x = torch.randn(4096, 4096, device="cuda")
         for _ in range(50):

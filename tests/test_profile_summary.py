@@ -106,6 +106,19 @@ def test_utilization_summary_per_source():
     assert window["gpu:GPU-a"]["energy_j_per_m_steps"] == pytest.approx(1500.0)  # 1500 J / 1 M steps
 
 
+def test_a_window_between_samples_counts_its_whole_length():
+    # A traced window of 3.5 s whose edges fall between 1 Hz samples: the 3 samples inside span 2 s, but the
+    # device drew 300 J/s over all 3.5 s, and was 50% busy over all of it.
+    second = 1_000_000_000
+    rows = [row for i in range(11) for row in ((100 * second + i * second, "gpu:GPU-a", "energy_j", 300.0 * i),
+                                               (100 * second + i * second, "gpu:GPU-a", "gpu_util_percent", 50.0))]
+    window = summarize_utilization(rows, steps=1_000_000, start_ns=102 * second + second // 4,
+                                   end_ns=105 * second + 3 * second // 4)["gpu:GPU-a"]
+    assert window["samples"] == 3 and window["seconds"] == 3.5
+    assert window["energy_j_per_m_steps"] == pytest.approx(1050.0)  # 300 J/s x 3.5 s / 1 M steps
+    assert window["util_seconds_per_m_steps"] == pytest.approx(1.75)  # 0.5 x 3.5 s / 1 M steps
+
+
 def test_flamegraph_layout_merges_shared_prefixes():
     boxes = _layout({("t", "main", "a"): 3.0, ("t", "main", "b"): 1.0, ("t", "other"): 2.0})
     by_label = {(label, level): (start, width) for label, level, start, width in boxes}

@@ -8,6 +8,8 @@ import contextlib
 import pytest
 import torch
 
+from rlperf.torch_api import torch_has
+
 INPUT, HIDDEN, HORIZON = 64, 128, 64
 
 
@@ -35,14 +37,20 @@ def whole_sequence(fused, sequence):
 
 @contextlib.contextmanager
 def full_fp32_rnn():
-    """cuDNN's LSTM computes fp32 in TF32 by default on Ampere and newer (torch.backends.cudnn.rnn.fp32_precision
-    is "tf32"), about 2.5e-4 away from LSTMCell's fp32 over 64 steps; the reference must be full fp32."""
-    saved = torch.backends.cudnn.rnn.fp32_precision
-    torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    """cuDNN's LSTM computes fp32 in TF32 by default on Ampere and newer, about 2.5e-4 away from LSTMCell's fp32
+    over 64 steps; the reference must be full fp32. torch 2.9 and newer say so per operation
+    (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN operation."""
+    if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+            yield
+        return
+    rnn = torch.backends.cudnn.rnn
+    saved = rnn.fp32_precision
+    rnn.fp32_precision = "ieee"
     try:
         yield
     finally:
-        torch.backends.cudnn.rnn.fp32_precision = saved
+        rnn.fp32_precision = saved
 
 
 @pytest.mark.parametrize("batch", [64, 512])
