@@ -49,7 +49,8 @@ LEARNING_THRESHOLD = 0.25
 # and in agent steps (what the knob does to learning, whatever it does to speed).
 METRICS = ("seconds", "steady_seconds", "steps")
 FASTER_LEARNS_WORSE = "faster, learns worse"
-REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE = OUTCOMES
+# Learning verdicts are two-sided and fixed-size: never the sequential designs' "not slower".
+REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE = (outcome for outcome in OUTCOMES if outcome != "not slower")
 OUTCOME_OF = {"up": REGRESSED, "down": IMPROVED, "same": UNCHANGED, "undecided": INCONCLUSIVE}
 
 
