@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -242,6 +243,10 @@ class Trainer:
             # A trace shows a graph's kernels, all of them and on time, only if the profiler set up CUPTI before
             # the graph was captured (pytorch#75504); an empty profiling session first is torch's own remedy
             # (pytorch#100441, torch.profiler._utils._init_for_cuda_graphs), written here with public API.
+            # CUPTI must then stay set up when that session ends: torch.profiler keeps it (TEARDOWN_CUPTI=0)
+            # only for inductor's graphs, and tearing it down under captured graphs undoes the remedy, or
+            # crashes when CUPTI is set up again.
+            os.environ["TEARDOWN_CUPTI"] = "0"
             with torch.profiler.profile(activities=profiler_activities(self.device)):
                 pass
         capture_start = time.perf_counter()

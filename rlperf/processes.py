@@ -204,12 +204,15 @@ class Heartbeat:
 
 def rank_gpu(local_rank: int, visible_gpus: int, environ: dict[str, str] | os._Environ = os.environ) -> int:
     """The index, among the GPUs this process sees, of the GPU a rank uses: its LOCAL_RANK, except when an
-    outside launcher gave the rank exactly one GPU (SLURM's and Kubernetes' one GPU per rank, by
-    CUDA_VISIBLE_DEVICES), which is then its GPU whatever its LOCAL_RANK. Ranks `launch_ranks` starts see
-    every GPU of the machine, so one GPU visible to them means the machine has one, and they keep LOCAL_RANK."""
-    if visible_gpus == 1 and RANK_DIR_ENV not in environ:
-        return 0
-    return local_rank
+    outside launcher gave the rank exactly one GPU, which is then its GPU whatever its LOCAL_RANK: SLURM and
+    Kubernetes name that one GPU in CUDA_VISIBLE_DEVICES, or start one rank on the node (LOCAL_WORLD_SIZE 1).
+    Two ranks started on a one-GPU machine see one GPU without either sign and keep LOCAL_RANK, so the device
+    check refuses the second in one line instead of both training on GPU 0 (nccl would fail later, on a
+    duplicate GPU). Ranks `launch_ranks` starts see every GPU of the machine and keep LOCAL_RANK."""
+    if visible_gpus != 1 or RANK_DIR_ENV in environ:
+        return local_rank
+    named = [device for device in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
+    return 0 if len(named) == 1 or environ.get("LOCAL_WORLD_SIZE") == "1" else local_rank
 
 
 class RankFailed(RuntimeError):

@@ -2,7 +2,7 @@
 
 What the sync check cannot see: torch's sync debug mode flags the stream synchronisations torch's own
 operations make (.item(), .cpu(), a blocking copy, nonzero, ...). It does not flag cudaEventSynchronize
-(the designed waits on actions_ready and slot_free), cudaDeviceSynchronize (torch.cuda.synchronize at
+(the designed wait on actions_ready), cudaDeviceSynchronize (torch.cuda.synchronize at
 epoch boundaries), a cudaFree from the caching allocator, or anything in torch.distributed, so DDP's
 reducer is outside it; DDP also needs rank processes and two GPUs, which an in-process check cannot have.
 """

@@ -72,14 +72,20 @@ def test_a_cuda_device_the_machine_lacks_is_refused(monkeypatch):
     assert training_device(validate(TrainConfig(**{**SMALL, "device": "cuda"})), local_rank=1) == torch.device("cuda:1")
 
 
-@pytest.mark.parametrize("local_rank, visible, launched_here, expected", [
-    (3, 1, False, 0),  # SLURM or Kubernetes gave this rank one GPU: it is GPU 0 of what the rank sees
-    (3, 8, False, 3),  # torchrun on a whole node: LOCAL_RANK picks the GPU
-    (1, 1, True, 1),  # ranks rlperf starts see the whole machine: one GPU there is all the machine has
-    (0, 1, True, 0),
+@pytest.mark.parametrize("local_rank, visible, environ, expected", [
+    # SLURM or Kubernetes gave this rank one GPU: it is GPU 0 of what the rank sees
+    (3, 1, {"CUDA_VISIBLE_DEVICES": "GPU-1234"}, 0),
+    (3, 1, {"CUDA_VISIBLE_DEVICES": "3", "LOCAL_WORLD_SIZE": "4"}, 0),
+    (0, 1, {"LOCAL_WORLD_SIZE": "1"}, 0),
+    (3, 8, {}, 3),  # torchrun on a whole node: LOCAL_RANK picks the GPU
+    # two ranks torchrun started on a one-GPU machine: the second keeps its LOCAL_RANK, and is refused
+    (1, 1, {"LOCAL_WORLD_SIZE": "2"}, 1),
+    (1, 1, {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_WORLD_SIZE": "2"}, 1),
+    # ranks rlperf starts see the whole machine: one GPU there is all the machine has
+    (1, 1, {RANK_DIR_ENV: "/tmp/ranks", "CUDA_VISIBLE_DEVICES": "0"}, 1),
+    (0, 1, {RANK_DIR_ENV: "/tmp/ranks"}, 0),
 ])
-def test_a_rank_given_one_gpu_uses_it(local_rank, visible, launched_here, expected):
-    environ = {RANK_DIR_ENV: "/tmp/ranks"} if launched_here else {"CUDA_VISIBLE_DEVICES": "GPU-1234"}
+def test_a_rank_given_one_gpu_uses_it(local_rank, visible, environ, expected):
     assert rank_gpu(local_rank, visible, environ) == expected
 
 
@@ -87,10 +93,15 @@ def test_a_one_gpu_rank_trains_on_it_and_an_offset_it_cannot_honour_is_refused(m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     four_ranks = dict(SMALL, device="cuda", world_size=4, num_envs=16, minibatch_size=64)
-    gpu = rank_gpu(local_rank=3, visible_gpus=1, environ={})
+    gpu = rank_gpu(local_rank=3, visible_gpus=1, environ={"CUDA_VISIBLE_DEVICES": "GPU-1234"})
     assert training_device(validate(TrainConfig(**four_ranks)), gpu) == torch.device("cuda:0")
     with pytest.raises(ConfigError) as refused:
         training_device(validate(TrainConfig(**{**four_ranks, "device": "cuda:1"})), gpu)
+    assert refused.value.field_name == "device" and "needs GPU 1, but 1 are visible" in str(refused.value)
+    # two ranks on a one-GPU machine with nothing saying the GPU was given to this rank: refused, not shared
+    crowded = rank_gpu(local_rank=1, visible_gpus=1, environ={"LOCAL_WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError) as refused:
+        training_device(validate(TrainConfig(**{**four_ranks, "world_size": 2})), crowded)
     assert refused.value.field_name == "device" and "needs GPU 1, but 1 are visible" in str(refused.value)
 
 
