@@ -295,8 +295,9 @@ def contention_note(pairs: pd.DataFrame) -> str:
     both = int((pairs["contended_ref"] & pairs["contended_new"]).sum())
     if not ref_only + new_only + both:
         return ""
-    text = f"left out {ref_only + new_only + both} contended pairs (baseline side {ref_only + both}, this run's " \
-           f"{new_only + both})"
+    left_out = ref_only + new_only + both
+    text = f"left out {left_out} contended pair{'s' if left_out != 1 else ''} (baseline side {ref_only + both}, " \
+           f"this run's {new_only + both})"
     if ref_only + new_only and stats.binomtest(new_only, ref_only + new_only).pvalue < 0.05:
         busier = "this run's" if new_only > ref_only else "the baseline's"
         text += f"; {busier} side was contended more often than chance allows: the change may load the machine"
