@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from projectrepo import commit, project_repo, rlperf
+from projectrepo import project_repo, rlperf
 
 from benches import suite as suites
 from benches.against import frames
@@ -172,7 +172,6 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     assert "gate: regressed: num_envs=24" in (tmp_path / "again" / "report.md").read_text()
     # the same code on both sides passes (exit 0)
     train.write_text(source)
-    commit(repo, "Keep the trainer as it was")
     clean = rlperf(repo, "gate", "--suite", str(tmp_path / "three.toml"), "--baseline", "HEAD", "--max-repeats", "12",
                    "--out", "../clean", timeout=880)
     assert clean.returncode == 0, clean.stdout + clean.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def trainer(**settings) -> Trainer:
     if values["env"] != "synthetic":
         values.pop("obs_size")
     torch.manual_seed(0)
-    return Trainer(validate(TrainConfig(**values)), torch.device("cpu"), Rank(), None, 0)
+    return Trainer(validate(TrainConfig(**values)), torch.device("cpu"), Rank(), None, 0, time.perf_counter())
 
 
 def flops(fn) -> int:
