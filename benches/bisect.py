@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -43,7 +42,7 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, git, resolve_commit, worktree
-from benches.cli import add_process_options, raise_interrupt
+from benches.cli import add_process_options, sigterm_interrupts
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.sequential import Design, pairing_entry
@@ -495,9 +494,5 @@ def run(args: argparse.Namespace) -> int:
                             device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz,
                             max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
                             alpha=args.alpha, json_path=args.json, wait=args.wait)
-    # SIGTERM ends the search like Ctrl-C: the runs in flight are marked interrupted.
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
+    with sigterm_interrupts():
         return Bisect(options, default_console()).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)

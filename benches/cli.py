@@ -6,9 +6,11 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -96,12 +98,8 @@ def utf8_text(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_combinations(args)
-    # SIGTERM (a CI job cancelled, a `kill`) ends the sweep like Ctrl-C: the run is marked interrupted.
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
+    with sigterm_interrupts():
         return against(args) if args.against else sweep(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def check_combinations(args: argparse.Namespace) -> None:
@@ -156,3 +154,14 @@ def against(args: argparse.Namespace) -> int:
 
 def raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a `kill`) ends what runs inside like Ctrl-C: the runs in flight are marked
+    interrupted."""
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

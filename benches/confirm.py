@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import time
 from pathlib import Path
 
 from rich.console import Console
 
 from benches.against import Pairing, resolve_commit, worktree
-from benches.cli import raise_interrupt
+from benches.cli import sigterm_interrupts
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
 from reports import changepoints
@@ -157,8 +156,5 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.store).is_file():
         raise BadInput(f"store: no store at {args.store}")
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
+    with sigterm_interrupts():
         return Confirm(args, default_console()).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
 from benches.peaks import fill_missing
-from benches.cli import add_process_options, raise_interrupt, utf8_text
+from benches.cli import add_process_options, sigterm_interrupts, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reports import gate as rules
 from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -299,8 +298,5 @@ def run(args: argparse.Namespace) -> int:
                           screen_pairs=args.screen_pairs, max_suspects=args.max_suspects,
                           max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
                           alpha=args.alpha, wait=args.wait, summary=args.summary)
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
+    with sigterm_interrupts():
         return Gate(options, default_console()).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
