@@ -112,7 +112,7 @@ def test_against_head_alternates_processes_and_stores_two_paired_runs(tmp_path):
     # the same code on both sides: never a claim, whatever the machine is doing
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert git_worktrees() == before  # the temporary checkout is gone
-    lines = [line for line in proc.stdout.splitlines() if " pair " in line]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("default pair ")]
     # at alpha 1% no claim is possible from 6 pairs: one look, at the last, that spends all of alpha (on a busy
     # machine contended pairs are left out, and the look then comes after the last pair, at the quiet ones)
     assert len(lines) == 6 and "pair 6:" in lines[-1]
