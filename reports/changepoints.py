@@ -266,7 +266,7 @@ def segment(levels: np.ndarray, start: int, stop: int, critical: float, threshol
     a, b = place_ends(levels, start, stop, *(int(end[best]) + start for end in intervals_of(stop - start)))
     inside = levels[a:b]
     outside = np.concatenate([levels[start:a], levels[b:stop]])
-    if scores[best] < critical - 1e-9 or not beyond(hodges_lehmann(outside, inside), threshold):
+    if scores[best] < critical - 1e-9 or not beyond(math.expm1(hodges_lehmann(outside, inside)), threshold):
         return []
     ends = [end for end in (a, b) if start < end < stop]
     pieces = [start] + ends + [stop]
@@ -290,8 +290,8 @@ def place_ends(levels: np.ndarray, start: int, stop: int, a: int, b: int) -> tup
 
 
 def hodges_lehmann(before: np.ndarray, after: np.ndarray) -> float:
-    """The estimate alone, as a relative change, of levels already on the log scale."""
-    return math.expm1(float(np.median(np.subtract.outer(after, before))))
+    """The estimate alone, on the log scale, of levels already on the log scale."""
+    return float(np.median(np.subtract.outer(after, before)))
 
 
 def corrected_shift(levels: np.ndarray, split: int, critical: float, threshold: float,
@@ -303,7 +303,7 @@ def corrected_shift(levels: np.ndarray, split: int, critical: float, threshold: 
     (the same draws for every shift tried) and scanned as this one was, have the observed shift as the
     mean of those reported at this split."""
     before, after = levels[:split], levels[split:]
-    observed = float(np.median(np.subtract.outer(after, before)))
+    observed = hodges_lehmann(before, after)
     # residuals about each side's mean are smaller than the noise by the two means fitted: scaled back
     inflate = math.sqrt(len(levels) / (len(levels) - 2))
     residuals = np.concatenate([before - before.mean(), after - after.mean()]) * inflate
