@@ -4,7 +4,7 @@ point by point, so that drift and neighbours land on both sides alike (as asv's 
 REF is checked out in a temporary git worktree and its trainer runs from there with the same Python, so only
 the code differs. Inside each pair the order is drawn at random and stored with the samples: under "the change
 does nothing to this point" each pair's log ratio is then as likely to lean either way whatever the machine
-does, and the paired signed-rank test of reports/sequential.py is exact. A pair whose processes either one was
+does, and the paired signed-rank test of decisions/sequential.py is exact. A pair whose processes either one was
 contended is left out whole. Both sides go into the store as runs of their own, REF's first, the working tree's
 naming REF's, with the design that judges them (`pairing`), so `rlperf report` judges them again the same way.
 
@@ -33,9 +33,9 @@ from rich.console import Console
 from benches import suite as suites
 from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.sequential import Design, pairing_entry, pairs_to_decide
-from reports.verdicts import PointVerdict, fmt_interval, judge_pair_point
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.sequential import Design, pairing_entry, pairs_to_decide
+from decisions.verdicts import PointVerdict, fmt_interval, judge_pair_point
 from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import STORE_FILE
@@ -156,7 +156,7 @@ class Against:
                     store.finish_run(run_id, "complete")
         from reports.cli import print_verdicts
         from reports.render import render
-        from reports.rundata import load_run
+        from decisions.rundata import load_run
 
         # the verdicts shown are the report's, judged from the store by the design stored there
         report_dir = opts.out_dir / new_run / "report"

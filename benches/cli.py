@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
                               positive_int)
 from rlperf.errors import BadInput
@@ -118,7 +118,7 @@ def sweep(args: argparse.Namespace) -> int:
     """Sweep, then report: the run is measured and stored, then judged against the baseline if one is named."""
     from benches.sweep import Sweep, SweepOptions
     from reports.render import render
-    from reports.rundata import load, load_run
+    from decisions.rundata import load, load_run
     from rlperf.store import Store
 
     # A bad baseline stops here, before any point runs. Loading it now also pins its run: a bare PATH cannot

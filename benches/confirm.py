@@ -1,6 +1,6 @@
 """`rlperf confirm STORE`: measure the commits either side of each change point again, in one job, in pairs.
 
-A change point in the history (reports/changepoints.py) says that a point's SPS moved between two runs of
+A change point in the history (decisions/changepoints.py) says that a point's SPS moved between two runs of
 different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
 measured again here: the commit of the last run before it against the commit of the run where it began, each in
 a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
@@ -25,11 +25,11 @@ from benches.against import Pairing, resolve_commit, worktree
 from benches.cli import sigterm_interrupts
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
-from reports import changepoints
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions import changepoints
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.history import FINISHED, measures_its_moment
-from reports.rundata import load_run
-from reports.sequential import Design, pairing_entry
+from decisions.rundata import load_run
+from decisions.sequential import Design, pairing_entry
 from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock

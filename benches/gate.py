@@ -1,7 +1,7 @@
 """`rlperf gate --suite SUITE --baseline REF`: did any point of the suite get slower than at commit REF?
 
 Both commits are measured tonight, in pairs of processes with the `--against` machinery (REF in a temporary
-git worktree, the working tree beside it), in two stages whose rules are reports/gate.py's: a screen of every
+git worktree, the working tree beside it), in two stages whose rules are decisions/screening.py's: a screen of every
 point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each at
 alpha / suspects. Every process is stored as it lands, in four runs at most: the screen's two (the working
 tree's is the night's measurement of the suite, for the history) and the confirmation's two, each naming the
@@ -29,9 +29,9 @@ from benches.against import Pairing, frames, resolve_commit, worktree
 from benches.peaks import fill_missing
 from benches.cli import add_process_options, sigterm_interrupts, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from reports import gate as rules
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.verdicts import PointVerdict, is_contended
+from decisions import screening as rules
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.verdicts import PointVerdict, is_contended
 from rlperf.arguments import DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
@@ -78,7 +78,7 @@ Record = Callable[[str, str, PointRecord], None]  # stage, side, a finished poin
 class Night:
     """The gate's two stages over a suite's points, with whatever runs the processes (`runners`, one pair of
     runners per stage) and keeps them (`record`): trainer processes and the store for `rlperf gate`, drawn ones
-    for the simulations of benches/gate_power.py."""
+    for the simulations of studies/gate_power.py."""
 
     def __init__(self, plan: rules.GatePlan, say: Callable[[str], None], rng: random.Random | None = None):
         self.plan = plan
@@ -230,7 +230,7 @@ class Gate:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""
         from reports.cli import print_gate
         from reports.render import render
-        from reports.rundata import load_run
+        from decisions.rundata import load_run
 
         new_run, ref_run = self.runs[("screen", "new")], self.runs[("screen", "ref")]
         report_dir = self.options.out_dir / new_run / "report"

@@ -23,9 +23,9 @@ from benches import suite as suites
 from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.intervals import fewest_repeats
-from reports.rundata import summarize_points
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.intervals import fewest_repeats
+from decisions.rundata import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock

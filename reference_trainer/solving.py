@@ -8,7 +8,7 @@ solve by the same number of steps whatever the knobs.
 
 A run that does not reach the target within total_steps is censored: its time to solve is known only to
 exceed the whole run. The record gives the durations either way, with `solved` saying which they are, the
-form survival statistics take (reports/learning.py).
+form survival statistics take (decisions/learning.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 
 EXIT_CODES = ("exit code: 1 when a point regressed (or could not be decided, with --fail-on-inconclusive), "
               "0 otherwise, 2 for bad input")
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from reports.formatting import print_table
     from reports.history import print_changes, render_history
     from reports.render import render
-    from reports.rundata import load
+    from decisions.rundata import load
     from rlperf.errors import BadInput
     from rlperf.terminal import default_console
 
@@ -69,7 +69,7 @@ def print_verdicts(console, verdicts) -> None:
     from rich.text import Text
 
     from reports.formatting import fmt_change, fmt_detectable, fmt_sps
-    from reports.verdicts import fmt_interval
+    from decisions.verdicts import fmt_interval
 
     colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan",
               "inconclusive": "yellow"}
@@ -95,12 +95,12 @@ def print_gate(console, found, plan) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from reports import gate
+    from decisions import screening
     from reports.formatting import fmt_change, fmt_detectable
-    from reports.verdicts import fmt_interval
+    from decisions.verdicts import fmt_interval
 
-    colors = {gate.REGRESSED: "bold red", gate.PASSED: "green", gate.NOT_CONFIRMED: "yellow",
-              gate.UNMEASURED: "magenta", gate.SKIPPED: "dim"}
+    colors = {screening.REGRESSED: "bold red", screening.PASSED: "green", screening.NOT_CONFIRMED: "yellow",
+              screening.UNMEASURED: "magenta", screening.SKIPPED: "dim"}
     table = Table(title="gate: did any point get slower?")
     for column in ("point", "status", "screen (pairs)", "pair noise", "confirmation (pairs)", "detects"):
         table.add_column(column, no_wrap=True)
@@ -112,6 +112,6 @@ def print_gate(console, found, plan) -> None:
             f"{fmt_change(screen.estimate)} ({screen.quiet}/{screen.pairs})" if screen.quiet else "–",
             f"{screen.spread:.1%}" if screen.quiet > 1 else "–",
             f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate})" if sps else "–",
-            fmt_detectable(gate.detectable(plan, screen.spread)),
+            fmt_detectable(screening.detectable(plan, screen.spread)),
             Text(verdict.note or screen.reason))
     console.print(table)

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from reports.comparison import build, summary
     from reports.formatting import print_table
     from reports.page import write_report
-    from reports.rundata import load
+    from decisions.rundata import load
     from rlperf.terminal import default_console
 
     labels = {"A": "A", "B": "B", **parse_sides(args.label, "label")}

@@ -11,8 +11,8 @@ from reference_trainer.config import MACHINE, fields_with
 from reports import figures, roofline
 from reports.page import Report, Section
 from reports.formatting import fingerprint_section, fmt_sps, machine_line
-from reports.rundata import RunData, phase_us_per_step, point_table
-from reports.verdicts import match_key
+from decisions.rundata import RunData, phase_us_per_step, point_table
+from decisions.verdicts import match_key
 
 SECONDS_PER_HOUR = 3600
 

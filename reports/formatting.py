@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from reports.page import Section
-from reports.rundata import RunData
+from decisions.rundata import RunData
 from rlperf import peaks
 from rlperf.machine import gpu_names
 

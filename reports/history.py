@@ -1,6 +1,6 @@
 """`rlperf report --history STORE`: the nightly trend. Runs are grouped by suite and machine (only those
 compare), ordered by start time, and each is judged against the run before it, so a marked point is
-where a point got slower. Change points (reports/changepoints.py) then look at the whole series at once: the
+where a point got slower. Change points (decisions/changepoints.py) then look at the whole series at once: the
 runs where a point's SPS or a phase's time per step moved to a new level and stayed there."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from scipy import stats
 
 from reference_trainer.config import PHASES
 from rlperf.store import Store
-from reports import changepoints, figures
-from reports.changepoints import ChangePoint
+from reports import figures
+from decisions import changepoints
+from decisions.changepoints import ChangePoint
 from reports.page import Report, Section
-from reports.criteria import check_criteria
+from decisions.criteria import check_criteria
 from reports.formatting import fmt_change, fmt_p, fmt_sps
 from reports.page import write_report
-from reports.rundata import RunData, load_run, point_table
-from reports.sequential import PAIRING, paired_design
-from reports.verdicts import fmt_interval, judge, judge_pair_point, phase_per_step, quiet
+from decisions.rundata import RunData, load_run, point_table
+from decisions.sequential import PAIRING, paired_design
+from decisions.verdicts import fmt_interval, judge, judge_pair_point, phase_per_step, quiet
 from rlperf.errors import BadInput
 
 FINISHED = ("complete", "interrupted")

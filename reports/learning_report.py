@@ -1,6 +1,6 @@
 """The report's learning sections: SPS beside time to solve per point, the Pareto chart of cost against score,
 what each knob did to learning ("faster, learns worse" named first), and, against a baseline, the points whose
-time to solve changed, those that got faster but learn worse first. The statistics are reports/learning.py's."""
+time to solve changed, those that got faster but learn worse first. The statistics are decisions/learning.py's."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pandas as pd
 
 from reports import figures
 from reports.formatting import fmt_sps
-from reports.learning import (FASTER_LEARNS_WORSE, LEARNING_THRESHOLD, LearningVerdict, fmt_median, fmt_share,
+from decisions.learning import (FASTER_LEARNS_WORSE, LEARNING_THRESHOLD, LearningVerdict, fmt_median, fmt_share,
                               fmt_solve_change, fmt_time, judge_all, judge_learning, reading, summarize_learning)
 from reports.page import Section
-from reports.rundata import RunData, knob_pairs
-from reports.verdicts import PointVerdict, judge_point
+from decisions.rundata import RunData, knob_pairs
+from decisions.verdicts import PointVerdict, judge_point
 from rlperf.store import point_label
 
 COSTS = {"seconds": "seconds to solve (end to end)", "steps": "agent steps to solve"}

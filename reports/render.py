@@ -9,15 +9,15 @@ import pandas as pd
 
 from reports import figures, roofline
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
-from reports.learning import LearningVerdict
+from decisions.learning import LearningVerdict
 from reports.learning_report import baseline_learning_section, knob_learning_section, learning_section
 from reports.page import Report, Section, write_report
-from reports.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
-from reports import gate
+from decisions.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
+from decisions import screening
 from reports.history import MIN_OFFSET_RUNS, offset_text, suite_offset
-from reports.sequential import FUTILITY_ALPHA, Design, paired_design
-from reports.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_pairs,
+from decisions.sequential import FUTILITY_ALPHA, Design, paired_design
+from decisions.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_pairs,
                               judge_point, tally)
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
 from rlperf.errors import BadInput
@@ -83,7 +83,7 @@ def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: 
     return Section("Verdict against the baseline", text, [pd.DataFrame(rows)])
 
 
-def gate_section(found: list[gate.GateVerdict], plan: gate.GatePlan, baseline: RunData) -> Section:
+def gate_section(found: list[screening.GateVerdict], plan: screening.GatePlan, baseline: RunData) -> Section:
     design = plan.confirmation(len([v for v in found if v.confirmation is not None]) or 1)
     text = [f"Baseline: {run_header(baseline)}, measured in the same job.",
             f"The gate measured both commits in pairs of processes, in an order drawn at random inside each pair. "
@@ -93,7 +93,7 @@ def gate_section(found: list[gate.GateVerdict], plan: gate.GatePlan, baseline: R
             f"{', '.join(map(str, design.looks))} quiet pairs here), so the chance of flagging any point on a night "
             f"where nothing got slower is at most {plan.alpha:g}. 'detects' is the smallest slowdown the gate flags "
             f"95% of the time at the point's measured pair noise, when it is the night's only suspect.",
-            gate.conclusion(found)]
+            screening.conclusion(found)]
     rows = []
     for verdict in found:
         screen, confirmation = verdict.screen, verdict.confirmation
@@ -104,7 +104,7 @@ def gate_section(found: list[gate.GateVerdict], plan: gate.GatePlan, baseline: R
             if np.isfinite(screen.estimate) else "–",
             "pair noise": f"{screen.spread:.1%}" if np.isfinite(screen.spread) else "–",
             "confirmation": f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate} pairs)" if sps else "–",
-            "detects": fmt_detectable(gate.detectable(plan, screen.spread)),
+            "detects": fmt_detectable(screening.detectable(plan, screen.spread)),
             "note": verdict.note or screen.reason,
         })
     return Section("Gate: did any point get slower?", text, [pd.DataFrame(rows)])
@@ -392,10 +392,10 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
     verdicts: list[PointVerdict] = []
     learning_verdicts: list[LearningVerdict] = []
     sections: list[Section | None] = []
-    gate_plan = gate.screen_pair_plan(candidate, baseline) if baseline is not None else None
+    gate_plan = screening.screen_pair_plan(candidate, baseline) if baseline is not None else None
     if gate_plan is not None:
-        found = gate.stored_verdicts(candidate, baseline, gate_plan)
-        verdicts = gate.as_point_verdicts(found)
+        found = screening.stored_verdicts(candidate, baseline, gate_plan)
+        verdicts = screening.as_point_verdicts(found)
         speed_section = gate_section(found, gate_plan, baseline)
     elif baseline is not None:
         design = paired_design(candidate.fingerprint, baseline.run_id) \

@@ -21,7 +21,7 @@ from reference_trainer.config import BUILTIN_ENVS
 from reports import figures
 from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_sps
 from reports.page import Section
-from reports.rundata import RunData
+from decisions.rundata import RunData
 from rlperf import peaks as peak_rows
 from rlperf.peaks import Peaks
 from rlperf.store import point_label

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from benches.against import Pairing, resolve_commit
-from benches.simulated import Noise, SimulatedMachine
+from studies.simulated import Noise, SimulatedMachine
 from benches.suite import Point
-from reports.sequential import Design
+from decisions.sequential import Design
 from rlperf.errors import BadInput
 from rlperf.machine import REPO_ROOT
 from rlperf.store import PointRecord, Store
@@ -37,7 +37,7 @@ threads = 1
 
 
 def simulated_pairing(tmp_path, design, slowdown=0.0, noise=0.03, contended_new=()):
-    """A Pairing whose processes are drawn (benches/simulated.py); `contended_new` lists the pairs whose new
+    """A Pairing whose processes are drawn (studies/simulated.py); `contended_new` lists the pairs whose new
     process the monitor flags."""
     machine = SimulatedMachine(Noise(process=noise, tail_df=None), np.random.default_rng(0))
     point = Point(json.dumps({"num_envs": 16}), {"num_envs": 16}, {"num_envs": 16})

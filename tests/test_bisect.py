@@ -13,8 +13,8 @@ import pytest
 from projectrepo import commit, git, note, project_repo, rlperf
 
 from benches.bisect import BAD, GOOD, SKIP, Search, midpoint_threshold, outcome_of, step_design
-from reports.sequential import decide
-from reports.verdicts import Change, PointVerdict
+from decisions.sequential import decide
+from decisions.verdicts import Change, PointVerdict
 from rlperf.store import Store
 
 # ---- the search over a fake oracle ----------------------------------------------------------------------------

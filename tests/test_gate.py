@@ -1,4 +1,4 @@
-"""The gate (benches/gate.py, reports/gate.py): on the nightly suite's 56 points a lone slowed point is flagged and
+"""The gate (benches/gate.py, decisions/screening.py): on the nightly suite's 56 points a lone slowed point is flagged and
 fails the job, a night that changed nothing passes whatever its offset, a point that could not be measured
 fails with its own code; and, on real trainer processes of a copy of this project, a delay planted in one
 point's code fails `rlperf gate` naming that point while the report rebuilt from the store says the same."""
@@ -17,9 +17,9 @@ from projectrepo import project_repo, rlperf
 from benches import suite as suites
 from benches.against import frames
 from benches.gate import SIDES, GateOptions, Night
-from benches.simulated import GPU_RUNNER, Noise, SimulatedMachine
-from reports import gate as rules
-from reports.verdicts import judge
+from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from decisions import screening as rules
+from decisions.verdicts import judge
 from rlperf.store import PointRecord, Store, point_label
 
 NIGHTLY = list(suites.load("nightly").points)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from benches.collectives import Settings, bandwidth_row, save, show
 from reports.render import collectives_section
-from reports.rundata import load
+from decisions.rundata import load
 from rlperf.machine import Machine
 from rlperf.processes import RANK_DIR_ENV, rank_gpu
 from rlperf.store import Store

@@ -1,5 +1,5 @@
 """Time to solve: the trainer's record of it, the seeds a learning point's repeats train with, and the survival
-statistics that judge it (reports/learning.py)."""
+statistics that judge it (decisions/learning.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from benches.suite import Point
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.solving import smoothed_returns, time_to_solve
 from reference_trainer.train import train
-from reports.learning import (FASTER_LEARNS_WORSE, Durations, compare_solve, judge_learning, km_median, reading,
+from decisions.learning import (FASTER_LEARNS_WORSE, Durations, compare_solve, judge_learning, km_median, reading,
                               share_solved)
 
 MEMORY = dict(env="memory", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 10,

@@ -1,4 +1,4 @@
-"""Change points in the history: synthetic histories drawn from fixed seeds (benches/changepoint_power.py) test
+"""Change points in the history: synthetic histories drawn from fixed seeds (studies/changepoint_power.py) test
 the detection itself (a step is found at its run, noise and night offsets yield none, the p-values hold their
 level, every split clears one critical value, the shift is corrected for picking it); a history of real trainer
 runs made in a copy of this project, with a commit that slows `learn` from one run on, must show that change
@@ -15,9 +15,9 @@ import pytest
 from projectrepo import commit, project_repo, rlperf
 
 from reference_trainer.config import PHASES
-from benches.changepoint_power import SHARES, history as simulated_history, synthetic_run
-from reports import changepoints
-from reports.rundata import RunData, load_run
+from studies.changepoint_power import SHARES, history as simulated_history, synthetic_run
+from decisions import changepoints
+from decisions.rundata import RunData, load_run
 from rlperf.store import Store
 
 def history(seed: int, runs: int, shift_at: int | None = None, slower: dict[str, float] | None = None,

@@ -15,9 +15,9 @@ import pytest
 
 from benches.runner import trainer_command
 from reference_trainer.config import TrainConfig
-from reports.learning import FASTER_LEARNS_WORSE
+from decisions.learning import FASTER_LEARNS_WORSE
 from reports.render import render
-from reports.rundata import load
+from decisions.rundata import load
 from rlperf.machine import machine_key
 from rlperf.store import PointRecord, Store, utc_now
 from test_report_render import needs_browser, open_in_browser

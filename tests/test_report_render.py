@@ -24,7 +24,7 @@ from rlperf.peaks import needs_for_work
 from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 from reports.render import render
-from reports.rundata import load
+from decisions.rundata import load
 from rlperf.cli import main
 
 HOSTILE = "<script>alert('pwned')</script>"

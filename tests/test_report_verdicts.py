@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports import intervals
-from reports.verdicts import compare_values, exit_code, judge, judge_point, match_key
+from decisions import intervals
+from decisions.verdicts import compare_values, exit_code, judge, judge_point, match_key
 from rlperf.store import point_label
 
 PHASE_SHARES = {"env": 0.05, "eval_forward": 0.40, "train_forward": 0.20, "learn": 0.30, "log": 0.05}

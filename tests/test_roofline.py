@@ -22,7 +22,7 @@ from reference_trainer.config import TrainConfig, validate
 from reference_trainer.train import Rank, Trainer
 from reports import roofline
 from reports.render import render
-from reports.rundata import load
+from decisions.rundata import load
 from rlperf import peaks
 from rlperf.cli import main
 from rlperf.machine import Machine

@@ -1,4 +1,4 @@
-"""Sequential decisions on pairs (reports/sequential.py): boundaries that spend alpha under the joint law of the
+"""Sequential decisions on pairs (decisions/sequential.py): boundaries that spend alpha under the joint law of the
 looks, the exact signed-rank test and interval, the false-claim rate over every look counted over every sign
 pattern, and the same verdict whether pairs are judged as they land or later from the store."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from reports import sequential
-from reports.sequential import (IMPROVED, INCONCLUSIVE, NOT_SLOWER, REGRESSED, UNCHANGED, Design, decide,
+from decisions import sequential
+from decisions.sequential import (IMPROVED, INCONCLUSIVE, NOT_SLOWER, REGRESSED, UNCHANGED, Design, decide,
                                 signed_rank_interval)
 
 

@@ -1,7 +1,7 @@
 """How often do change points appear in histories where nothing changed, and how often is a real shift found
 at its run? Measured by simulation through reports/changepoints.find on synthetic histories.
 
-`python -m benches.changepoint_power --noise 0.02 --offset 0.03 --runs 10 20 40 --histories 200` draws histories
+`python -m studies.changepoint_power --noise 0.02 --offset 0.03 --runs 10 20 40 --histories 200` draws histories
 of one point's runs: each run a night with its own offset (shared by its repeats), each repeat a process with
 heavy-tailed noise, split into phases as the trainer reports them. Half the histories change nothing (any change
 point is false); half slow every phase by `--shift` from a run drawn in the middle half of the history (a find
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reports import changepoints
-from reports.rundata import RunData
+from decisions import changepoints
+from decisions.rundata import RunData
 
 STEADY_STEPS = 1000
 SHARES = {"env": 0.05, "eval_copy": 0.04, "eval_forward": 0.25, "eval_misc": 0.03, "train_misc": 0.06,

@@ -1,6 +1,6 @@
 """Which way of running trainer processes gives the most decisions per minute on this machine?
 
-`python -m benches.noise --rounds 12` measures one point (the synthetic env, LSTM-128, 64 envs, horizon 16) under
+`python -m studies.noise --rounds 12` measures one point (the synthetic env, LSTM-128, 64 envs, horizon 16) under
 several levers, each as pairs of back-to-back processes (as `--against` and the gate pair them), the levers
 taken in turn round after round so that drift over the run falls on all of them alike:
 
@@ -67,7 +67,7 @@ def one_process(settings: dict) -> dict:
 
 
 def run_lever(prefix: list[str], settings: dict) -> dict:
-    command = prefix + [sys.executable, "-m", "benches.noise", "--one", json.dumps(settings)]
+    command = prefix + [sys.executable, "-m", "studies.noise", "--one", json.dumps(settings)]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:

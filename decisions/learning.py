@@ -15,9 +15,9 @@ would understate how slow it is. Survival statistics take such a repeat for what
   one side's median is not reached); the interval holds every factor by which the candidate's times (solves
   and censorings alike) can be divided without the log-rank test rejecting them against the baseline's: the
   accelerated-failure-time reading of a rank test, the censored counterpart of the Mann-Whitney interval of
-  SPS verdicts (reports/intervals.py).
+  SPS verdicts (decisions/intervals.py).
 
-The outcome is one of the four SPS verdicts have (reports/verdicts.py), read the same way with time to solve
+The outcome is one of the four SPS verdicts have (decisions/verdicts.py), read the same way with time to solve
 lower is better: `regressed` (takes longer: the test rejects no change and the estimate lies beyond the
 threshold), `improved`, `unchanged` (the whole interval within +-threshold) or `inconclusive`. Learning
 varies by seed far more than speed does, so the threshold is wider than the SPS one (LEARNING_THRESHOLD).
@@ -36,12 +36,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reports.criteria import DEFAULT_ALPHA
-from reports.verdicts import OUTCOMES, match_key, quiet
+from decisions.criteria import DEFAULT_ALPHA
+from decisions.verdicts import OUTCOMES, match_key, quiet
 from rlperf.store import point_label
 
 # A change of time to solve counts from 25%. On `memory` one seed's time differs from the next by 8% end to end
-# and 14% in steps (log SD; benches/learning_power.py), and at this margin 5 seeds a side show the same code
+# and 14% in steps (log SD; studies/learning_power.py), and at this margin 5 seeds a side show the same code
 # unchanged 77% of the time, 10 seeds 99%; harder tasks vary far more from seed to seed, and a tighter margin
 # would leave them inconclusive for good.
 LEARNING_THRESHOLD = 0.25

@@ -11,8 +11,8 @@ import pandas as pd
 
 from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import PHASES
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.verdicts import detectable_alone
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.verdicts import detectable_alone
 from rlperf.errors import BadInput
 
 

@@ -7,7 +7,7 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
    becomes a suspect. No claim is made here, so this stage needs no level at all and costs a few processes a
    point.
 2. Confirm: each suspect, worst first and at most `max_suspects` of them, gets fresh pairs judged by a
-   one-sided sequential design (reports/sequential.py) at alpha / suspects.
+   one-sided sequential design (decisions/sequential.py) at alpha / suspects.
 
 Why two stages. A claim about one point among many must reach alpha / points, and pairs reach a level only
 after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one could be
@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from reports import intervals, sequential
-from reports.rundata import RunData, load_run
-from reports.verdicts import PointVerdict, contention_note, judge_pair_point, match_key, pairs_of
+from decisions import intervals, sequential
+from decisions.rundata import RunData, load_run
+from decisions.verdicts import PointVerdict, contention_note, judge_pair_point, match_key, pairs_of
 from rlperf.store import Store, point_label
 
 GATE = "gate"

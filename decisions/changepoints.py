@@ -37,7 +37,7 @@ The shift reported is the one whose histories, drawn with the runs' residuals re
 history was, have the observed shift as the mean of those that report a change point at the same split (in simulated
 histories this removes about half of the inflation: a true -10% that read -12.8% and -14.7% read -12.0% and
 -12.9%). Its interval is the exact Mann-Whitney interval of
-the runs either side (reports/intervals.py), moved by the same correction; with runs as the unit it is as wide
+the runs either side (decisions/intervals.py), moved by the same correction; with runs as the unit it is as wide
 as the night offsets make it.
 
 What runs as the unit costs: a history needs enough runs either side of a change before a change can be told
@@ -60,9 +60,9 @@ import pandas as pd
 from scipy import stats
 
 from reference_trainer.config import PHASES
-from reports import intervals
-from reports.rundata import RunData
-from reports.verdicts import MIN_PHASE_GROWTH_SHARE, match_key, phase_per_step, quiet
+from decisions import intervals
+from decisions.rundata import RunData
+from decisions.verdicts import MIN_PHASE_GROWTH_SHARE, match_key, phase_per_step, quiet
 from rlperf.store import point_label
 
 SPS = "SPS"
@@ -93,7 +93,7 @@ class Series:
     metric: str
     orders: list[int]
     values: list[np.ndarray]
-    key: str = ""  # the point's match key (reports/verdicts.py): the same point in every run
+    key: str = ""  # the point's match key (decisions/verdicts.py): the same point in every run
 
     @property
     def levels(self) -> np.ndarray:
@@ -404,7 +404,7 @@ def phases_moved(metrics: dict[str, Series], before_orders: set[int], after_orde
 
 def level_shift(before: np.ndarray, after: np.ndarray, alpha: float) -> intervals.Shift:
     """The Hodges-Lehmann shift of `after` against `before` with its Mann-Whitney interval: exact
-    (reports/intervals.py) up to EXACT_PAIRS pairs, else from the normal approximation, whose interval runs
+    (decisions/intervals.py) up to EXACT_PAIRS pairs, else from the normal approximation, whose interval runs
     between the pairwise differences that many places in from either end."""
     if len(before) * len(after) <= EXACT_PAIRS:
         return intervals.shift(before, after, alpha)

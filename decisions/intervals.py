@@ -16,7 +16,7 @@ luck (a busy neighbour, a slow clock, a memory layout), so they are not independ
   robust spread, so one outlier does not make a point look blind and a normal approximation does not promise
   power a rank test at 5 repeats lacks (it stated 95% where 67% was real).
 
-A shift is judged against the threshold by reports/verdicts.py.
+A shift is judged against the threshold by decisions/verdicts.py.
 """
 
 from __future__ import annotations

@@ -38,12 +38,12 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from reports import intervals
+from decisions import intervals
 
 # Hwang-Shih-DeCani spending, gamma -2: between O'Brien-Fleming (about -4), which keeps most power for the last
 # look, and Pocock (about 1), which stops large changes soonest. Simulated at 12% process noise, 40 pairs at
 # most, alpha 1%: a -10% change claimed in 76% of runs (O'Brien-Fleming 80%, Pocock 70%), a -25% one after 16
-# pairs on average (22, 14) (benches/sequential_power.py).
+# pairs on average (22, 14) (studies/sequential_power.py).
 GAMMA = -2.0
 LOOK_GROWTH = 1.4
 FUTILITY_ALPHA = 0.05  # one-sided level of "not slower by the threshold", a stop that gives up, never a claim

@@ -1,11 +1,11 @@
 """How often does a comparison of time to solve cry wolf, and how large a change can it see? Measured here.
 
-`python -m benches.learning_power --seeds 40` runs one learning point (the first point of the `learning`
+`python -m studies.learning_power --seeds 40` runs one learning point (the first point of the `learning`
 suite unless `--suite`/`--point` say otherwise) with seeds seed, seed + 1, ... as the bench runs a learning
 point's repeats, each a fresh trainer process bracketed by the interference monitor. Its processes are kept in
 `--out`, so a later call with more `--seeds` adds to them (`--budget-s` stops a call early, to keep each under a
 time limit). Then it draws verdicts by resampling the quiet repeats through the report's decision code
-(reports/learning.py):
+(decisions/learning.py):
 
 - A/A, one point: two disjoint draws of n seeds; a regressed or improved verdict is a false alarm;
 - A/A, a suite: as many points as the suite has, each drawn so, judged together as a baseline comparison
@@ -30,9 +30,9 @@ import pandas as pd
 
 from benches import suite as suites
 from benches.runner import PointRunner, UtilizationProbe
-from reports.criteria import DEFAULT_ALPHA
-from reports.learning import LEARNING_THRESHOLD, Durations, SolveChange, compare_solve, durations, judge_all
-from reports.verdicts import is_contended
+from decisions.criteria import DEFAULT_ALPHA
+from decisions.learning import LEARNING_THRESHOLD, Durations, SolveChange, compare_solve, durations, judge_all
+from decisions.verdicts import is_contended
 from rlperf.store import PointRecord, utc_now
 
 SIZES = (5, 8, 10)

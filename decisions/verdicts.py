@@ -1,7 +1,7 @@
 """Regression verdicts: did a point get slower, by how much, how sure can we be, and which phase grew.
 
 A comparison ends in one of four outcomes, read off the estimated change and its confidence interval
-(reports/intervals.py: Hodges-Lehmann shift of the per-process values, exact Mann-Whitney interval):
+(decisions/intervals.py: Hodges-Lehmann shift of the per-process values, exact Mann-Whitney interval):
 
 - `regressed` / `improved`: the change is real (the interval excludes no change) and larger than the
   threshold (the estimate lies beyond it);
@@ -20,7 +20,7 @@ Points that cannot be compared are `new`, `missing` or `failed`. Repeats whose m
 (profilers/interference.py) are left out before anything is computed.
 
 Runs measured in pairs (`rlperf bench --against`, bisect, the gate) are judged as pairs instead, by the design
-stored with them (reports/sequential.py): the exact signed-rank test of each pair's log ratio, looks that spend
+stored with them (decisions/sequential.py): the exact signed-rank test of each pair's log ratio, looks that spend
 alpha, and a futility stop that can end a point as `not slower`; a pair is left out whole when either of its
 processes was contended. That rule holds its false-claim rate whatever the machine does between nights, because
 both sides of every pair met the same machine; the rule above, for runs of different nights, assumes the two
@@ -46,8 +46,8 @@ import pandas as pd
 from scipy import stats
 
 from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
-from reports import intervals, sequential
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions import intervals, sequential
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.store import point_label
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
@@ -55,7 +55,7 @@ from rlperf.store import point_label
 MIN_PHASE_GROWTH_SHARE = 0.02
 DEFAULT_CONFIG = TrainConfig().to_dict()
 OUTCOMES = ("regressed", "improved", "unchanged", "not slower", "inconclusive")
-# a gate's verdicts (reports/gate.py) speak of points passed, not confirmed, not measured or skipped
+# a gate's verdicts (decisions/screening.py) speak of points passed, not confirmed, not measured or skipped
 STATUSES = OUTCOMES + ("passed", "not confirmed", "could not measure", "skipped", "new", "missing", "failed")
 
 

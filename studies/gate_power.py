@@ -1,9 +1,9 @@
 """How often does the gate cry wolf, and how often does it catch a slowed point? Measured by simulation through
 the gate's own code.
 
-`python -m benches.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/gate.py's
-Night (the screen, the choice of suspects, the sequential confirmation; reports/gate.py's rules, judged from the
-frames the store would hold) over many nights of a simulated machine (benches/simulated.py): heavy-tailed process
+`python -m studies.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/gate.py's
+Night (the screen, the choice of suspects, the sequential confirmation; decisions/screening.py's rules, judged from the
+frames the store would hold) over many nights of a simulated machine (studies/simulated.py): heavy-tailed process
 noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
 contended processes some of which the monitor misses. Half the nights change nothing, so any `regressed`
 verdict is a false night; on the other half one point, drawn anew each night, is slowed by `--slowdown`, and a
@@ -26,9 +26,9 @@ from scipy import stats
 
 from benches import suite as suites
 from benches.gate import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, SIDES, Night
-from benches.simulated import GPU_RUNNER, Noise, SimulatedMachine
-from reports import gate as rules
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from decisions import screening as rules
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 
 NOISES = {"gpu": GPU_RUNNER}

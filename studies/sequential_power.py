@@ -1,8 +1,8 @@
 """What `--until-decided` costs and catches, measured by simulation through its own code.
 
-`python -m benches.sequential_power --noise process=0.06,drift=0.6 --points 400` runs benches/against.py's
-Pairing (random order inside each pair, contended pairs left out, the design of reports/sequential.py judged
-after every pair) on drawn processes (benches/simulated.py) for one point at a time:
+`python -m studies.sequential_power --noise process=0.06,drift=0.6 --points 400` runs benches/against.py's
+Pairing (random order inside each pair, contended pairs left out, the design of decisions/sequential.py judged
+after every pair) on drawn processes (studies/simulated.py) for one point at a time:
 
 - A/A (the same code on both sides): any regressed or improved verdict is a false claim; the pairs used are the
   cost of finding out that nothing changed;
@@ -28,11 +28,11 @@ import numpy as np
 from scipy import stats
 
 from benches.against import Pairing, frame
-from benches.simulated import Noise, SimulatedMachine
+from studies.simulated import Noise, SimulatedMachine
 from benches.suite import Point
-from reports.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from reports.sequential import Design
-from reports.verdicts import compare_values, judge_pair_point
+from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.sequential import Design
+from decisions.verdicts import compare_values, judge_pair_point
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 from rlperf.store import PointRecord, Store, utc_now
 
