@@ -24,43 +24,22 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
 
 from benches import suite as suites
+from benches.options import ProcessOptions
 from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
-from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry, pairs_to_decide
 from decisions.verdicts import PointVerdict, fmt_interval, judge_pair_point
-from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
 from rlperf.store import PointRecord, Store, point_label, utc_now
-
-
-@dataclass
-class AgainstOptions:
-    suite: str
-    ref: str
-    out_dir: Path
-    repeats: int | None = None  # pairs per point without until_decided
-    device: str | None = None
-    timeout_s: float | None = None
-    sample_hz: float | None = None
-    label: str | None = None
-    until_decided: bool = False
-    max_repeats: int = DEFAULT_MAX_REPEATS
-    budget_s: float = DEFAULT_BUDGET_S
-    threshold: float = DEFAULT_THRESHOLD
-    alpha: float = DEFAULT_ALPHA
-    fail_on_inconclusive: bool = False
-    wait: bool = True
 
 
 def resolve_commit(ref: str, field: str = "against") -> str:
@@ -107,21 +86,25 @@ def frames(records: list[PointRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 class Against:
-    def __init__(self, options: AgainstOptions, console: Console, machine: Machine | None = None):
+    """The suite of `options` at commit `ref` and at the working tree; `options.repeats` pairs a point, or pairs
+    added until decided with `until_decided`."""
+
+    def __init__(self, options: ProcessOptions, ref: str, console: Console, until_decided: bool = False,
+                 machine: Machine | None = None):
         self.options = options
+        self.ref = ref
+        self.until_decided = until_decided
         self.console = console
         self.machine = machine
 
     def run(self) -> int:
         opts = self.options
-        suite = suites.load(opts.suite)
-        commit = resolve_commit(opts.ref)
+        suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        commit = resolve_commit(self.ref)
         machine = self.machine or probe()
-        overrides = {"device": machine.resolve_device(opts.device)} if opts.device else {}
-        if overrides:
-            suite = suites.load(opts.suite, overrides)
+        suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        reference = {**current, "git": {"commit": commit, "dirty": False, "ref": opts.ref}}
+        reference = {**current, "git": {"commit": commit, "dirty": False, "ref": self.ref}}
         key = machine_key(current)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
@@ -131,18 +114,18 @@ class Against:
             lock.acquire(opts.wait, lambda text: self.console.print(text, markup=False, soft_wrap=True),
                          suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
-                label = opts.label or f"against {opts.ref}"
+                label = opts.label or f"against {self.ref}"
                 ref_run = store.create_run(suite.name, suite.suite_hash,
-                                           {**reference, "against": {"side": "ref", "ref": opts.ref},
+                                           {**reference, "against": {"side": "ref", "ref": self.ref},
                                             **pairing_entry("ref", None, design)}, key,
-                                           f"{label}: {opts.ref} ({commit[:10]})")
+                                           f"{label}: {self.ref} ({commit[:10]})")
                 new_run = store.create_run(suite.name, suite.suite_hash,
-                                           {**current, "against": {"side": "working tree", "ref": opts.ref,
+                                           {**current, "against": {"side": "working tree", "ref": self.ref,
                                                                    "ref_run": ref_run},
                                             **pairing_entry("new", ref_run, design)}, key,
                                            f"{label}: working tree")
                 lock.update(run_id=new_run)
-                self.console.print(f"runs {ref_run} ({opts.ref} at {commit[:10]}) and {new_run} (working tree): "
+                self.console.print(f"runs {ref_run} ({self.ref} at {commit[:10]}) and {new_run} (working tree): "
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
                     verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
@@ -165,7 +148,7 @@ class Against:
         code, judged, _ = render(candidate, str(report_dir), baseline, opts.threshold, opts.alpha,
                                  fail_on_inconclusive=opts.fail_on_inconclusive)
         print_verdicts(self.console, judged)
-        self.console.print(f"report: {report_dir} (the working tree against {opts.ref}); "
+        self.console.print(f"report: {report_dir} (the working tree against {self.ref}); "
                            f"`rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` judges again")
         return 1 if any(v.status == "failed" for v in verdicts) else code
 
@@ -175,7 +158,7 @@ class Against:
         suite's repeats (or --repeats) in pairs."""
         opts = self.options
         alpha = opts.alpha / max(1, points)
-        if opts.until_decided:
+        if self.until_decided:
             return Design.plan(opts.max_repeats, alpha, sides=2, threshold=opts.threshold)
         pairs = opts.repeats or suite_repeats
         return Design((pairs,), alpha, sides=2, threshold=opts.threshold, futility_from=pairs)
@@ -183,8 +166,8 @@ class Against:
     def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path, ref_run: str,
                 new_run: str, design: Design) -> list[PointVerdict]:
         opts = self.options
-        utilization = UtilizationProbe(suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
-        timeout = opts.timeout_s or suite.timeout_s
+        utilization = UtilizationProbe(opts.sample_hz_for(suite))
+        timeout = opts.timeout_for(suite)
         sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
                                     trainer_command, cwd=tree),
                  "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
@@ -195,7 +178,7 @@ class Against:
                                f"(alpha / points) with the exact paired test: no claim is possible; "
                                f"--until-decided or more --repeats make one possible")
         verdicts = []
-        budget = opts.budget_s if opts.until_decided else math.inf
+        budget = opts.budget_s if self.until_decided else math.inf
         for index, point in enumerate(suite.points):
             reason = machine.skip_reason(point.config)
             if reason is not None:

@@ -43,6 +43,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.against import Pairing, git, resolve_commit, worktree
 from benches.cli import add_process_options, sigterm_interrupts
+from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
@@ -176,24 +177,6 @@ def choose_point(suite: suites.Suite, wanted: str | None) -> suites.Point:
 # ---- measuring ----------------------------------------------------------------------------------------------
 
 @dataclass
-class BisectOptions:
-    good: str
-    bad: str
-    suite: str
-    point: str | None = None
-    out_dir: Path = Path(DEFAULT_OUT)
-    device: str | None = None
-    timeout_s: float | None = None
-    sample_hz: float | None = None
-    max_repeats: int = DEFAULT_MAX_REPEATS
-    budget_s: float = DEFAULT_BUDGET_S
-    threshold: float | None = None  # None: DEFAULT_THRESHOLD for BAD, then the midpoint of BAD's slowdown
-    alpha: float = DEFAULT_ALPHA
-    json_path: Path | None = None
-    wait: bool = True
-
-
-@dataclass
 class Step:
     """One measured commit, as the progress lines and the --json file tell it."""
 
@@ -245,8 +228,17 @@ def midpoint_threshold(estimate: float) -> float:
 
 
 class Bisect:
-    def __init__(self, options: BisectOptions, console: Console, machine: Machine | None = None):
+    """The search between commits `good` and `bad` (any git refs) for one point of `options.suite` (the one
+    `point` names, by key or label); with `json_path`, the whole search also written there after every step.
+    `options.threshold` None: DEFAULT_THRESHOLD for BAD, then the midpoint of BAD's slowdown."""
+
+    def __init__(self, options: ProcessOptions, good: str, bad: str, console: Console, point: str | None = None,
+                 json_path: Path | None = None, machine: Machine | None = None):
         self.options = options
+        self.good_ref = good
+        self.bad_ref = bad
+        self.wanted_point = point
+        self.json_path = json_path
         self.console = console
         self.machine = machine
         self.steps: list[Step] = []
@@ -259,41 +251,40 @@ class Bisect:
         """Every input check, before anything is measured: each failure is one line, exit 2."""
         opts = self.options
         suite = suites.load(opts.suite)
-        point = choose_point(suite, opts.point)
-        good = commit_info(resolve_commit(opts.good, "good"))
-        bad = commit_info(resolve_commit(opts.bad, "bad"))
+        point = choose_point(suite, self.wanted_point)
+        good = commit_info(resolve_commit(self.good_ref, "good"))
+        bad = commit_info(resolve_commit(self.bad_ref, "bad"))
         if good.sha == bad.sha:
-            raise BadInput(f"bad: {opts.bad!r} is the same commit as good ({good.short}); nothing lies between them")
+            raise BadInput(f"bad: {self.bad_ref!r} is the same commit as good ({good.short}); nothing lies "
+                           "between them")
         if not is_ancestor(good.sha, bad.sha):
-            raise BadInput(f"good: {opts.good!r} ({good.short}) is not an ancestor of bad {opts.bad!r} "
+            raise BadInput(f"good: {self.good_ref!r} ({good.short}) is not an ancestor of bad {self.bad_ref!r} "
                            f"({bad.short}); give a GOOD older than BAD on its history")
         changed = tracked_changes()
         if changed:
             raise BadInput(f"working tree: {REPO_ROOT} has uncommitted changes to {len(changed)} tracked files "
                            f"({changed[0].strip()}, ...); commit or set them aside first: the suite and the "
                            "harness are read from it, and the search must be repeatable")
-        if opts.json_path is not None:
-            if opts.json_path.is_dir():
-                raise BadInput(f"json: {opts.json_path} is a directory; name a file")
-            output_dir(opts.json_path.parent, "json")
+        if self.json_path is not None:
+            if self.json_path.is_dir():
+                raise BadInput(f"json: {self.json_path} is a directory; name a file")
+            output_dir(self.json_path.parent, "json")
         return suite, point, good, bad, commits_between(good.sha, bad.sha)
 
     def run(self) -> int:
         opts = self.options
         suite, point, good, bad, commits = self.check()
         machine = self.machine or probe()
-        overrides = {"device": machine.resolve_device(opts.device)} if opts.device else {}
-        if overrides:
-            suite = suites.load(opts.suite, overrides)
-            point = next(p for p in suite.points if p.key == point.key)
+        suite, overrides = opts.suite_on(machine)
+        point = next(p for p in suite.points if p.key == point.key)
         reason = machine.skip_reason(point.config)
         if reason is not None:
             raise BadInput(f"point: this machine cannot run {point.label}: {reason}")
         current = collect(machine, suite.suite_hash, overrides)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        self.record = {"good": {"ref": opts.good, "commit": good.sha, "subject": good.subject},
-                       "bad": {"ref": opts.bad, "commit": bad.sha, "subject": bad.subject},
+        self.record = {"good": {"ref": self.good_ref, "commit": good.sha, "subject": good.subject},
+                       "bad": {"ref": self.bad_ref, "commit": bad.sha, "subject": bad.subject},
                        "order": "first-parent", "commits": [asdict(c) for c in commits],
                        "suite": suite.name, "point": point.key, "alpha": opts.alpha, "max_repeats": opts.max_repeats,
                        "budget_s": opts.budget_s, "store": str(store_path), "steps": [], "first_bad": None,
@@ -369,7 +360,7 @@ class Bisect:
 
     def write_json(self) -> None:
         """The whole search so far, replaced atomically after every step."""
-        path = self.options.json_path
+        path = self.json_path
         if path is None:
             return
         self.record["steps"] = [asdict(step) for step in self.steps]
@@ -432,7 +423,7 @@ class Measure:
         label = f"bisect {self.good.short}..{self.bad.short} step {number}"
         good_run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
-            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.options.good},
+            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.good_ref},
              "bisect": {**search, "side": "good"}, **pairing_entry("ref", None, design)}, self.machine_key,
             f"{label}: good {self.good.short}")
         run = self.store.create_run(
@@ -445,8 +436,8 @@ class Measure:
     def pairs(self, commit: Commit, tree: Path, result: Step, records: dict[str, PointRecord],
               threshold: float) -> PointVerdict:
         opts = self.bisect.options
-        utilization = UtilizationProbe(self.suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
-        timeout = opts.timeout_s or self.suite.timeout_s
+        utilization = UtilizationProbe(opts.sample_hz_for(self.suite))
+        timeout = opts.timeout_for(self.suite)
         runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
                                       trainer_command, cwd=self.good_tree),
                    "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
@@ -490,9 +481,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
-    options = BisectOptions(good=args.good, bad=args.bad, suite=args.suite, point=args.point, out_dir=Path(args.out),
-                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz,
-                            max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
-                            alpha=args.alpha, json_path=args.json, wait=args.wait)
+    bisect = Bisect(ProcessOptions.from_args(args), args.good, args.bad, default_console(), point=args.point,
+                    json_path=args.json)
     with sigterm_interrupts():
-        return Bisect(options, default_console()).run()
+        return bisect.run()

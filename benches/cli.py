@@ -116,7 +116,8 @@ def check_combinations(args: argparse.Namespace) -> None:
 
 def sweep(args: argparse.Namespace) -> int:
     """Sweep, then report: the run is measured and stored, then judged against the baseline if one is named."""
-    from benches.sweep import Sweep, SweepOptions
+    from benches.options import ProcessOptions
+    from benches.sweep import Sweep
     from reports.render import render
     from decisions.rundata import load, load_run
     from rlperf.store import Store
@@ -124,10 +125,8 @@ def sweep(args: argparse.Namespace) -> int:
     # A bad baseline stops here, before any point runs. Loading it now also pins its run: a bare PATH cannot
     # come to mean this very run once it is the store's latest.
     baseline = load(args.baseline, field="baseline") if args.baseline else None
-    options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
-                           device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export, wait=args.wait, threshold=args.threshold, alpha=args.alpha)
-    sweep = Sweep(options)
+    options = ProcessOptions.from_args(args)
+    sweep = Sweep(options, resume=args.resume, export=args.export)
     failed = sweep.run()
     with Store.open(sweep.store_path, readonly=True) as store:
         candidate = load_run(store, sweep.run_id)
@@ -141,15 +140,12 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def against(args: argparse.Namespace) -> int:
-    from benches.against import Against, AgainstOptions
+    from benches.against import Against
+    from benches.options import ProcessOptions
     from rlperf.terminal import default_console
 
-    options = AgainstOptions(suite=args.suite, ref=args.against, out_dir=Path(args.out), repeats=args.repeats,
-                             device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                             until_decided=args.until_decided, max_repeats=args.max_repeats,
-                             budget_s=args.budget_s, threshold=args.threshold, alpha=args.alpha,
-                             fail_on_inconclusive=args.fail_on_inconclusive, wait=args.wait)
-    return Against(options, default_console()).run()
+    return Against(ProcessOptions.from_args(args), args.against, default_console(),
+                   until_decided=args.until_decided).run()
 
 
 def raise_interrupt(signum: int, frame: object) -> None:

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from benches.against import Pairing, resolve_commit, worktree
 from benches.cli import sigterm_interrupts
+from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
 from decisions import changepoints
@@ -55,25 +56,27 @@ def candidates(store: Store, threshold: float, alpha: float) -> list[tuple[chang
 
 
 class Confirm:
-    def __init__(self, args: argparse.Namespace, console: Console):
-        self.args = args
+    """Every SPS change point of the store at `store_path` not yet confirmed, measured again with `options`."""
+
+    def __init__(self, options: ProcessOptions, store_path: Path, console: Console):
+        self.options = options
+        self.store_path = store_path
         self.console = console
 
     def say(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def run(self) -> int:
-        args = self.args
-        store_path = Path(args.store)
+        opts, store_path = self.options, self.store_path
         with Store.open(store_path, readonly=True) as store:
-            found = candidates(store, args.threshold, args.alpha)
+            found = candidates(store, opts.threshold, opts.alpha)
         if not found:
             self.say("confirm: no change point left to confirm")
             return 0
         machine = probe()
         outcomes = []
         with MeasurementLock() as lock:
-            lock.acquire(args.wait, self.say, suite="confirm", store=str(store_path.resolve()))
+            lock.acquire(opts.wait, self.say, suite="confirm", store=str(store_path.resolve()))
             for change, runs in found:
                 outcomes.append(self.confirm(store_path, machine, change, runs))
         for line in outcomes:
@@ -82,7 +85,7 @@ class Confirm:
 
     def confirm(self, store_path: Path, machine, change: changepoints.ChangePoint, runs: list) -> str:
         """One change point measured again; a line saying how it ended."""
-        args = self.args
+        opts = self.options
         before_run, after_run = runs[change.order - 1], runs[change.order]
         name = f"{change.point} at {change.run_id}"
         if before_run.info.get("git_dirty") or after_run.info.get("git_dirty"):
@@ -102,7 +105,7 @@ class Confirm:
         reason = machine.skip_reason(config)
         if reason is not None:
             return f"{name}: undecided: this machine cannot run it ({reason})"
-        design = Design.plan(args.max_repeats, args.alpha, sides=2, threshold=args.threshold)
+        design = Design.plan(opts.max_repeats, opts.alpha, sides=2, threshold=opts.threshold)
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
         with worktree(commits["ref"]) as ref_tree, worktree(commits["new"]) as new_tree, \
@@ -115,14 +118,14 @@ class Confirm:
                 created[side] = store.create_run(after_run.suite, after_run.info["suite_hash"], entry, key,
                                                  f"confirm {change.point} at {change.run_id}: {tree_commit[:10]}")
             self.say(f"confirming {name} ({change.sentence()}): {commits['ref'][:10]} against {commits['new'][:10]}")
-            runners = {side: PointRunner(Path(args.out) / created[side], design.max_pairs, args.timeout,
+            runners = {side: PointRunner(opts.out_dir / created[side], design.max_pairs, opts.timeout_s,
                                          UtilizationProbe(0), trainer_command, cwd=tree)
                        for side, tree in (("ref", ref_tree), ("new", new_tree))}
             records = {side: PointRecord(point.key, config, "ok", utc_now(), 0.0) for side in runners}
             try:
                 verdict = Pairing(runners, design, self.say).measure(0, point, records,
                                                                       machine.gpu_uuids(config),
-                                                                      time.monotonic() + args.budget_s)
+                                                                      time.monotonic() + opts.budget_s)
             except KeyboardInterrupt:
                 for run_id in created.values():
                     store.finish_run(run_id, "interrupted")
@@ -157,4 +160,4 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.store).is_file():
         raise BadInput(f"store: no store at {args.store}")
     with sigterm_interrupts():
-        return Confirm(args, default_console()).run()
+        return Confirm(ProcessOptions.from_args(args), Path(args.store), default_console()).run()

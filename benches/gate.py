@@ -19,13 +19,13 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
+from benches.options import ProcessOptions
 from benches.peaks import fill_missing
 from benches.cli import add_process_options, sigterm_interrupts, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
@@ -47,28 +47,13 @@ BUDGET_S = 1800.0
 SIDES = ("ref", "new")
 
 
-@dataclass
-class GateOptions:
-    suite: str
-    baseline: str
-    out_dir: Path = Path(DEFAULT_OUT)
-    device: str | None = None
-    timeout_s: float | None = None
-    sample_hz: float | None = None
-    label: str | None = None
-    screen_pairs: int = SCREEN_PAIRS
-    max_suspects: int = MAX_SUSPECTS
-    max_repeats: int = DEFAULT_MAX_REPEATS
-    budget_s: float = BUDGET_S
-    threshold: float = DEFAULT_THRESHOLD
-    alpha: float = DEFAULT_ALPHA
-    wait: bool = True
-    summary: Path | None = None  # where the gate's outcome goes as JSON, for the steps of a workflow
-
-    def plan(self) -> rules.GatePlan:
-        return rules.GatePlan(threshold=self.threshold, alpha=self.alpha, screen_pairs=self.screen_pairs,
-                              screen_at=self.threshold, max_suspects=self.max_suspects,
-                              max_pairs=self.max_repeats, min_quiet=min(MIN_QUIET, self.screen_pairs))
+def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS,
+              max_suspects: int = MAX_SUSPECTS) -> rules.GatePlan:
+    """The gate's rules at the thresholds and limits `options` name: a point is a suspect when its screen of
+    `screen_pairs` pairs is slower than the threshold; the `max_suspects` slowest are confirmed."""
+    return rules.GatePlan(threshold=options.threshold, alpha=options.alpha, screen_pairs=screen_pairs,
+                          screen_at=options.threshold, max_suspects=max_suspects, max_pairs=options.max_repeats,
+                          min_quiet=min(MIN_QUIET, screen_pairs))
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
@@ -153,10 +138,17 @@ class Night:
 
 
 class Gate:
-    """`rlperf gate`: a Night of trainer processes, stored, then the verdicts and the report."""
+    """`rlperf gate`: a Night of trainer processes, the working tree's against commit `baseline`'s, stored,
+    then the verdicts and the report; with `summary`, the outcome also written there as JSON, for the steps of
+    a workflow."""
 
-    def __init__(self, options: GateOptions, console: Console, machine: Machine | None = None):
+    def __init__(self, options: ProcessOptions, baseline: str, console: Console, screen_pairs: int = SCREEN_PAIRS,
+                 max_suspects: int = MAX_SUSPECTS, summary: Path | None = None, machine: Machine | None = None):
         self.options = options
+        self.baseline = baseline
+        self.screen_pairs = screen_pairs
+        self.max_suspects = max_suspects
+        self.summary = summary
         self.console = console
         self.machine = machine
         self.runs: dict[tuple[str, str], str] = {}  # (stage, side) -> run id
@@ -166,35 +158,33 @@ class Gate:
 
     def run(self) -> int:
         opts = self.options
-        if opts.screen_pairs < 2:
-            raise BadInput(f"screen-pairs: at least 2 pairs a point (got {opts.screen_pairs})")
-        if opts.summary is not None:
-            if opts.summary.is_dir():
-                raise BadInput(f"summary: {opts.summary} is a directory; name a file")
-            output_dir(opts.summary.parent, "summary")
-        suite = suites.load(opts.suite)
-        commit = resolve_commit(opts.baseline, "baseline")
+        if self.screen_pairs < 2:
+            raise BadInput(f"screen-pairs: at least 2 pairs a point (got {self.screen_pairs})")
+        if self.summary is not None:
+            if self.summary.is_dir():
+                raise BadInput(f"summary: {self.summary} is a directory; name a file")
+            output_dir(self.summary.parent, "summary")
+        suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        commit = resolve_commit(self.baseline, "baseline")
         machine = self.machine or probe()
-        overrides = {"device": machine.resolve_device(opts.device)} if opts.device else {}
-        if overrides:
-            suite = suites.load(opts.suite, overrides)
+        suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": opts.baseline}},
+        fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": self.baseline}},
                         "new": current}
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        plan = opts.plan()
-        utilization = UtilizationProbe(suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
-        timeout = opts.timeout_s or suite.timeout_s
+        plan = gate_plan(opts, self.screen_pairs, self.max_suspects)
+        utilization = UtilizationProbe(opts.sample_hz_for(suite))
+        timeout = opts.timeout_for(suite)
         with MeasurementLock() as lock, worktree(commit) as tree:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 def create(stage: str) -> None:
                     for side in SIDES:
-                        entry = {"stage": stage, "side": side, "baseline": opts.baseline, "plan": plan.to_dict(),
+                        entry = {"stage": stage, "side": side, "baseline": self.baseline, "plan": plan.to_dict(),
                                  "runs": {f"{s}_{d}": r for (s, d), r in self.runs.items()}}
                         label = f"{opts.label or 'gate'} {stage}: " + \
-                            (f"{opts.baseline} ({commit[:10]})" if side == "ref" else "working tree")
+                            (f"{self.baseline} ({commit[:10]})" if side == "ref" else "working tree")
                         self.runs[(stage, side)] = store.create_run(
                             suite.name, suite.suite_hash, {**fingerprints[side], rules.GATE: entry},
                             machine_key(current), label)
@@ -209,7 +199,7 @@ class Gate:
                     store.record_point(self.runs[(stage, side)], point_record)
 
                 create("screen")
-                self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {opts.baseline} "
+                self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
                 night = Night(plan, self.say)
@@ -242,10 +232,10 @@ class Gate:
         self.say(f"report: {paths[0]}; `rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` "
                  f"shows it again")
         code = rules.exit_code(found)
-        if self.options.summary is not None:
-            write_summary(self.options.summary, {
+        if self.summary is not None:
+            write_summary(self.summary, {
                 "store": str(store_path), "runs": {f"{stage}_{side}": run for (stage, side), run in self.runs.items()},
-                "baseline": self.options.baseline, "report": str(report_dir), "exit_code": code,
+                "baseline": self.baseline, "report": str(report_dir), "exit_code": code,
                 "conclusion": rules.conclusion(found), "points": [rules.summary_row(v) for v in found]})
         self.say(rules.conclusion(found))
         return code
@@ -293,10 +283,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
-    options = GateOptions(suite=args.suite, baseline=args.baseline, out_dir=Path(args.out), device=args.device,
-                          timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                          screen_pairs=args.screen_pairs, max_suspects=args.max_suspects,
-                          max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
-                          alpha=args.alpha, wait=args.wait, summary=args.summary)
+    gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
+                max_suspects=args.max_suspects, summary=args.summary)
     with sigterm_interrupts():
-        return Gate(options, default_console()).run()
+        return gate.run()

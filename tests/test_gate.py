@@ -16,7 +16,8 @@ from projectrepo import project_repo, rlperf
 
 from benches import suite as suites
 from benches.against import frames
-from benches.gate import SIDES, GateOptions, Night
+from benches.gate import SIDES, Night, gate_plan
+from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions.verdicts import judge
@@ -27,7 +28,7 @@ NIGHTLY = list(suites.load("nightly").points)
 
 def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None = None, seed: int = 0,
           skip=lambda point: None) -> list[rules.GateVerdict]:
-    plan = plan or GateOptions(suite="nightly", baseline="HEAD").plan()
+    plan = plan or gate_plan(ProcessOptions())
     recorded = {}
 
     def record(stage, side, point_record):
@@ -102,7 +103,7 @@ def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(3))
     slowdowns = (0.2, 0.25, 0.3, 0.35, 0.5, 0.6)  # the two slowest apart from the rest by far more than the noise
     machine.slowdowns = {("new", point.key): slowdown for point, slowdown in zip(NIGHTLY, slowdowns)}
-    plan = GateOptions(suite="nightly", baseline="HEAD", max_suspects=2).plan()
+    plan = gate_plan(ProcessOptions(), max_suspects=2)
     found = night(machine, points=NIGHTLY[:8], plan=plan)
     regressed = [v.screen.point_key for v in found if v.status == rules.REGRESSED]
     assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest
@@ -111,7 +112,7 @@ def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
 
 
 def test_what_the_gate_detects_grows_with_the_noise():
-    plan = GateOptions(suite="nightly", baseline="HEAD").plan()
+    plan = gate_plan(ProcessOptions())
     quiet, noisy = rules.detectable(plan, 0.028), rules.detectable(plan, 0.12)
     assert plan.threshold < quiet < 0.12 < noisy < 0.6
 

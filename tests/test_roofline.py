@@ -17,7 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from benches import peaks as probe
-from benches.sweep import Sweep, SweepOptions
+from benches.options import ProcessOptions
+from benches.sweep import Sweep
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.train import Rank, Trainer
 from reports import roofline
@@ -219,7 +220,7 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
         threads = 1
         {axes}
     """.replace("\n        ", "\n"))
-    run = Sweep(SweepOptions(suite=str(suite), out_dir=tmp_path / "runs"),
+    run = Sweep(ProcessOptions(suite=str(suite), out_dir=tmp_path / "runs"),
                 machine=Machine(torch=torch.__version__, cuda=None, cudnn=None, nccl=None, gpus=[]))
     assert run.run() == 0
     return run.store_path, run.run_id
