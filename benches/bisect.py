@@ -42,13 +42,13 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.against import Pairing, git, resolve_commit, worktree
-from benches.cli import add_process_options, sigterm_interrupts
+from benches.cli import sigterm_interrupts
 from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
-from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process_options, add_threshold
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -462,17 +462,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}) and the logs go (default {DEFAULT_OUT}/)")
     add_process_options(parser, "the point")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"at most N pairs of processes per commit; a commit still undecided then is skipped "
-                             f"(default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
-                        metavar="S", help=f"seconds each commit's measurement may take before it is skipped "
-                                          f"(default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False),
-                        help=f"smallest relative change of SPS that counts, as a fraction (default: "
-                             f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown)")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"one minus the confidence of each commit's verdict (default {DEFAULT_ALPHA})")
+    add_max_repeats(parser, "at most N pairs of processes per commit; a commit still undecided then is skipped")
+    add_budget(parser, "seconds each commit's measurement may take before it is skipped")
+    add_threshold(parser, "smallest relative change of SPS that counts", None,
+                  default_text=f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown")
+    add_alpha(parser, "one minus the confidence of each commit's verdict", DEFAULT_ALPHA)
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write the whole search (every step's commit, verdict, change, interval, pairs "
                              "and seconds) to this file (default: none)")

@@ -31,7 +31,7 @@ from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.history import FINISHED, measures_its_moment
 from decisions.rundata import load_run
 from decisions.sequential import Design, pairing_entry
-from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait, add_threshold, add_timeout
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
 from rlperf.machine import collect, machine_key, probe
@@ -139,19 +139,12 @@ class Confirm:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", metavar="STORE", help="a results store whose history has change points")
     parser.add_argument("--out", default="runs", metavar="DIR", help="where the processes' logs go (default runs/)")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"at most N pairs per change point (default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
-                        metavar="S", help=f"seconds each change point's pairs may take (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=TIMEOUT_S,
-                        metavar="S", help=f"seconds one trainer process may run (default {TIMEOUT_S:g})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
-                        help=f"smallest relative change of SPS that counts (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"the change points' level, and each confirmation's (default {DEFAULT_ALPHA})")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
+    add_max_repeats(parser, "at most N pairs per change point")
+    add_budget(parser, "seconds each change point's pairs may take")
+    add_timeout(parser, TIMEOUT_S)
+    add_threshold(parser, "smallest relative change of SPS that counts", DEFAULT_THRESHOLD)
+    add_alpha(parser, "the change points' level, and each confirmation's", DEFAULT_ALPHA)
+    add_no_wait(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,12 +27,13 @@ from benches import suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
 from benches.options import ProcessOptions
 from benches.peaks import fill_missing
-from benches.cli import add_process_options, sigterm_interrupts, utf8_text
+from benches.cli import sigterm_interrupts
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.verdicts import PointVerdict, is_contended
-from rlperf.arguments import DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats, add_process_options, add_threshold,
+                              positive_int)
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -259,22 +260,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}), logs and the report go (default {DEFAULT_OUT}/)")
     add_process_options(parser, "every point")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=BUDGET_S,
-                        metavar="S", help=f"seconds for the confirmation of the suspects, shared among them "
-                                          f"(default {BUDGET_S:g})")
+    add_budget(parser, "seconds for the confirmation of the suspects, shared among them", BUDGET_S)
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes every point gets in the screen, at least 2 (default {SCREEN_PAIRS})")
     parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
                         help=f"the slowest suspects confirmed, each at alpha / their number (default {MAX_SUSPECTS})")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"at most N pairs in one suspect's confirmation (default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
-                        help=f"the smallest slowdown of SPS that counts, as a fraction; a point is a suspect when "
-                             f"its screen is slower than this (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"the chance of flagging any point on a night where nothing got slower "
-                             f"(default {DEFAULT_ALPHA})")
-    parser.add_argument("--label", type=utf8_text, help="a note stored with the runs (default: gate)")
+    add_max_repeats(parser, "at most N pairs in one suspect's confirmation")
+    add_threshold(parser, "a point is a suspect when its screen is slower than this: the smallest slowdown of SPS "
+                          "that counts", DEFAULT_THRESHOLD)
+    add_alpha(parser, "the chance of flagging any point on a night where nothing got slower", DEFAULT_ALPHA)
+    add_label(parser, "gate")
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the outcome as JSON: the runs, each point's verdict, the conclusion and the "
                              "exit code (default: none)")

@@ -31,7 +31,7 @@ from statistics import median
 from typing import Any, Callable
 
 from rlperf import peaks
-from rlperf.arguments import positive_int
+from rlperf.arguments import device_choice, positive_int
 from rlperf.errors import BadInput
 
 TIMINGS = 7
@@ -45,8 +45,6 @@ PROBE_TIMEOUT_S = 600.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from benches.cli import device_choice
-
     parser.add_argument("--device", default="auto", type=device_choice,
                         help="cpu, cuda, cuda:N, or auto (the first GPU when there is one) (default auto)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
