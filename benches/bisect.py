@@ -7,7 +7,7 @@ commit, as with `git bisect --first-parent`. A binary search assumes that once s
 
 Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
 for the whole search, in pairs of processes with the machinery of `rlperf bench --against --until-decided`
-(benches/against.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
+(benches/pairing.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
 to `max_repeats` pairs or `budget_s` seconds. The question is one-sided, "is this commit slower?", so all of
 alpha goes to it and the first look comes sooner. `regressed` makes the commit bad; `not slower` (shown not
 slower than GOOD by the threshold, however fast it may be) makes it good. A verdict still inconclusive at the
@@ -41,10 +41,11 @@ from typing import Any
 from rich.console import Console
 
 from benches import suite as suites
-from benches.against import Pairing, git, resolve_commit, worktree
+from benches.pairing import Pairing
 from benches.cli import sigterm_interrupts
 from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.worktrees import git, resolve_commit, worktree
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict

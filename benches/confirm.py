@@ -4,7 +4,7 @@ A change point in the history (decisions/changepoints.py) says that a point's SP
 different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
 measured again here: the commit of the last run before it against the commit of the run where it began, each in
 a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
-`rlperf bench --against --until-decided`, benches/against.py). Both sides are stored as runs naming the change
+`rlperf bench --against --until-decided`, benches/pairing.py). Both sides are stored as runs naming the change
 point they confirm, and `rlperf report --history` shows each change point as confirmed (the pairs claim the same
 direction), not confirmed, or undecided.
 
@@ -21,11 +21,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benches.against import Pairing, resolve_commit, worktree
+from benches.pairing import Pairing
 from benches.cli import sigterm_interrupts
 from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
+from benches.worktrees import resolve_commit, worktree
 from decisions import changepoints
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.history import FINISHED, measures_its_moment

@@ -176,7 +176,7 @@ def publish(args: argparse.Namespace) -> int:
 
 def promote(args: argparse.Namespace) -> int:
     """Makes a commit this machine's baseline. With --first-night, only when the machine has none yet."""
-    from benches.against import resolve_commit
+    from benches.worktrees import resolve_commit
 
     data = data_dir(args.data)
     old = read_baseline(data)

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from benches.against import Pairing, resolve_commit
+from benches.pairing import Pairing
+from benches.worktrees import resolve_commit
 from studies.simulated import Noise, SimulatedMachine
 from benches.suite import Point
 from decisions.sequential import Design

@@ -15,8 +15,8 @@ import pytest
 from projectrepo import project_repo, rlperf
 
 from benches import suite as suites
-from benches.against import frames
-from benches.gate import SIDES, Night, gate_plan
+from benches.night import Night, gate_plan
+from benches.pairing import SIDES, frames
 from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
