@@ -42,7 +42,6 @@ from rich.console import Console
 
 from benches import suite as suites
 from benches.pairing import Pairing
-from benches.cli import sigterm_interrupts
 from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import git, resolve_commit, worktree
@@ -54,6 +53,7 @@ from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
+from rlperf.processes import sigterm_interrupts
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
 SHORT = 7  # characters of a commit hash shown

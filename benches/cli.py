@@ -6,10 +6,7 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -17,6 +14,7 @@ from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats,
                               positive_int)
 from rlperf.errors import BadInput
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
+from rlperf.processes import sigterm_interrupts
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -103,18 +101,3 @@ def against(args: argparse.Namespace) -> int:
 
     return Against(ProcessOptions.from_args(args), args.against, default_console(),
                    until_decided=args.until_decided).run()
-
-
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, a `kill`) ends what runs inside like Ctrl-C: the runs in flight are marked
-    interrupted."""
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

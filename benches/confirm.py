@@ -22,7 +22,6 @@ from pathlib import Path
 from rich.console import Console
 
 from benches.pairing import Pairing
-from benches.cli import sigterm_interrupts
 from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
@@ -36,6 +35,7 @@ from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
 from rlperf.machine import collect, machine_key, probe
+from rlperf.processes import sigterm_interrupts
 from rlperf.store import PointRecord, Store, utc_now
 
 TIMEOUT_S = 600.0

@@ -21,7 +21,6 @@ from pathlib import Path
 from rich.console import Console
 
 from benches import suite as suites
-from benches.cli import sigterm_interrupts
 from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
@@ -36,6 +35,7 @@ from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key, probe
+from rlperf.processes import sigterm_interrupts
 from rlperf.store import PointRecord, Store
 
 

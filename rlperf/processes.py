@@ -18,6 +18,7 @@ anything from the directory a caller runs the command in (another checkout's tre
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, TypeVar
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 T = TypeVar("T")
 PR_SET_PDEATHSIG = 1
@@ -94,6 +95,23 @@ def signal_name(returncode: int) -> str | None:
         return signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
+
+
+# ---- stopped from outside ----------------------------------------------------------------------------------
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a `kill`) ends what runs inside like Ctrl-C: the runs in flight are marked
+    interrupted."""
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---- rendezvous ports ---------------------------------------------------------------------------------------
