@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlperf.machine import REPO_ROOT
 
-PACKAGES = ("benches", "decisions", "profilers", "reference_trainer", "reports", "rlperf", "studies")
+PACKAGES = ("benches", "command", "decisions", "profilers", "reference_trainer", "reports", "rlperf", "studies")
 GIT_ENV = {"GIT_AUTHOR_NAME": "rlperf test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
            "GIT_COMMITTER_NAME": "rlperf test", "GIT_COMMITTER_EMAIL": "test@example.invalid"}
 

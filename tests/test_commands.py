@@ -11,7 +11,7 @@ import pytest
 
 from benches.options import ProcessOptions
 from rlperf.arguments import alpha_level, threshold_fraction, timeout_seconds
-from rlperf.cli import SUBCOMMANDS, OneLineParser
+from command.cli import SUBCOMMANDS, OneLineParser
 
 # each command's required arguments, so that its parser accepts a line
 REQUIRED = {"bench": [], "gate": ["--suite", "smoke", "--baseline", "HEAD"],

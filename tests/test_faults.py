@@ -382,7 +382,7 @@ def test_a_second_bench_waits_for_the_first_or_is_refused(stored, lock, tmp_path
 def test_every_flag_of_every_subcommand_has_help_with_its_default(lock):
     import importlib
 
-    from rlperf.cli import SUBCOMMANDS, OneLineParser
+    from command.cli import SUBCOMMANDS, OneLineParser
 
     for name in SUBCOMMANDS:
         module_name = SUBCOMMANDS[name][0]

@@ -25,7 +25,7 @@ from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 from reports.render import render
 from decisions.rundata import load
-from rlperf.cli import main
+from command.cli import main
 
 HOSTILE = "<script>alert('pwned')</script>"
 HOSTILE_ENV = "gym:" + HOSTILE.replace(" ", "")

@@ -25,7 +25,7 @@ from reports import roofline
 from reports.render import render
 from decisions.rundata import load
 from rlperf import peaks
-from rlperf.cli import main
+from command.cli import main
 from rlperf.machine import Machine
 from rlperf.store import Store
 
