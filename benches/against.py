@@ -1,10 +1,11 @@
 """`rlperf bench --against REF`: the suite measured at REF and at the working tree in pairs of processes,
 point by point, so that drift and neighbours land on both sides alike (as asv's `continuous` does).
 
-REF is checked out in a temporary git worktree (benches/worktrees.py) and its trainer runs from there with the same Python, so only
-the code differs. The pairs are benches/pairing.py's: inside each pair the order is drawn at random and stored with the samples: under "the change
-does nothing to this point" each pair's log ratio is then as likely to lean either way whatever the machine
-does, and the paired signed-rank test of decisions/sequential.py is exact. A pair whose processes either one was
+REF is checked out in a temporary git worktree (benches/worktrees.py) and its trainer runs from there with the
+same Python, so only the code differs. The pairs are benches/pairing.py's. Inside each pair the order is drawn
+at random and stored with the samples: under "the change does nothing to this point" each pair's log ratio is
+then as likely to lean either way whatever the machine does, and the paired signed-rank test of
+decisions/sequential.py is exact. A pair whose processes either one was
 contended is left out whole. Both sides go into the store as runs of their own, REF's first, the working tree's
 naming REF's, with the design that judges them (`pairing`), so `rlperf report` judges them again the same way.
 
@@ -49,6 +50,9 @@ class Against:
         self.console = console
         self.machine = machine
 
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, soft_wrap=True)
+
     def run(self) -> int:
         opts = self.options
         suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
@@ -62,9 +66,8 @@ class Against:
         store_path = opts.out_dir / STORE_FILE
         runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
         design = self.design(len(runnable), suite.repeats)
-        with MeasurementLock() as lock, worktree(commit) as tree:
-            lock.acquire(opts.wait, lambda text: self.console.print(text, markup=False, soft_wrap=True),
-                         suite=suite.name, store=str(store_path.resolve()))
+        with MeasurementLock() as lock, worktree(commit, self.say) as tree:
+            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 label = opts.label or f"against {self.ref}"
                 ref_run = store.create_run(suite.name, suite.suite_hash,
@@ -81,8 +84,7 @@ class Against:
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
                     verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
-                    fill_missing(store, key, new_run, lambda text: self.console.print(text, markup=False,
-                                                                                      soft_wrap=True))
+                    fill_missing(store, key, new_run, self.say)
                 except KeyboardInterrupt:
                     for run_id in (ref_run, new_run):
                         store.finish_run(run_id, "interrupted")
@@ -124,7 +126,7 @@ class Against:
                                     trainer_command, cwd=tree),
                  "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
                                     trainer_command)}
-        pairing = Pairing(sides, design, lambda text: self.console.print(text, markup=False, soft_wrap=True))
+        pairing = Pairing(sides, design, self.say)
         if math.isinf(pairing.fewest_decisive()):
             self.console.print(f"note: {design.max_pairs} pairs a point cannot reach alpha {design.alpha:.2g} "
                                f"(alpha / points) with the exact paired test: no claim is possible; "

@@ -53,7 +53,7 @@ from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
-from rlperf.processes import sigterm_interrupts
+from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
 SHORT = 7  # characters of a commit hash shown
@@ -292,7 +292,7 @@ class Bisect:
                        "status": "running", "conclusion": ""}
         search = Search(len(commits))
         threshold = opts.threshold or DEFAULT_THRESHOLD
-        with MeasurementLock() as lock, worktree(good.sha) as good_tree:
+        with MeasurementLock() as lock, worktree(good.sha, self.say) as good_tree:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 self.say(f"bisect: {len(commits)} commits after {good} (good) up to {bad.short} (bad), BAD's "
@@ -392,7 +392,7 @@ class Measure:
         result = Step(number, commit.sha, commit.subject, role, threshold=threshold)
         records = {side: PointRecord(self.point.key, self.point.config, "ok", utc_now(), 0.0)
                    for side in ("ref", "new")}
-        with worktree(commit.sha) as tree:
+        with worktree(commit.sha, self.bisect.say) as tree:
             result.good_run, result.run = self.start_runs(number, commit, threshold)
             try:
                 verdict = self.pairs(commit, tree, result, records, threshold)
@@ -478,5 +478,5 @@ def run(args: argparse.Namespace) -> int:
 
     bisect = Bisect(ProcessOptions.from_args(args), args.good, args.bad, default_console(), point=args.point,
                     json_path=args.json)
-    with sigterm_interrupts():
+    with stop_signals_interrupt():
         return bisect.run()

@@ -14,7 +14,7 @@ from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats,
                               positive_int)
 from rlperf.errors import BadInput
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
-from rlperf.processes import sigterm_interrupts
+from rlperf.processes import stop_signals_interrupt
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_combinations(args)
-    with sigterm_interrupts():
+    with stop_signals_interrupt():
         return against(args) if args.against else sweep(args)
 
 

@@ -35,7 +35,7 @@ from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
 from rlperf.machine import collect, machine_key, probe
-from rlperf.processes import sigterm_interrupts
+from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, utc_now
 
 TIMEOUT_S = 600.0
@@ -109,7 +109,7 @@ class Confirm:
         design = Design.plan(opts.max_repeats, opts.alpha, sides=2, threshold=opts.threshold)
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
-        with worktree(commits["ref"]) as ref_tree, worktree(commits["new"]) as new_tree, \
+        with worktree(commits["ref"], self.say) as ref_tree, worktree(commits["new"]) as new_tree, \
                 Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():
@@ -153,5 +153,5 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.store).is_file():
         raise BadInput(f"store: no store at {args.store}")
-    with sigterm_interrupts():
+    with stop_signals_interrupt():
         return Confirm(ProcessOptions.from_args(args), Path(args.store), default_console()).run()

@@ -1,9 +1,9 @@
 """`rlperf gate --suite SUITE --baseline REF`: did any point of the suite get slower than at commit REF?
 
 Both commits are measured tonight, in pairs of processes (benches/pairing.py; REF in a temporary git worktree,
-the working tree beside it), in two stages (benches/night.py) whose rules are decisions/screening.py's: a screen of every
-point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each at
-alpha / suspects. Every process is stored as it lands, in four runs at most: the screen's two (the working
+the working tree beside it), in two stages (benches/night.py) whose rules are decisions/screening.py's: a
+screen of every point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each
+at alpha / suspects. Every process is stored as it lands, in four runs at most: the screen's two (the working
 tree's is the night's measurement of the suite, for the history) and the confirmation's two, each naming the
 gate's plan and the runs it belongs with, so `rlperf report` shows the same verdicts later.
 
@@ -35,7 +35,7 @@ from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key, probe
-from rlperf.processes import sigterm_interrupts
+from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store
 
 
@@ -78,7 +78,7 @@ class Gate:
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with MeasurementLock() as lock, worktree(commit) as tree:
+        with MeasurementLock() as lock, worktree(commit, self.say) as tree:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 def create(stage: str) -> None:
@@ -181,5 +181,5 @@ def run(args: argparse.Namespace) -> int:
 
     gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
                 max_suspects=args.max_suspects, summary=args.summary)
-    with sigterm_interrupts():
+    with stop_signals_interrupt():
         return gate.run()

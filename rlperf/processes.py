@@ -99,19 +99,24 @@ def signal_name(returncode: int) -> str | None:
 
 # ---- stopped from outside ----------------------------------------------------------------------------------
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, a `kill`) ends what runs inside like Ctrl-C: the runs in flight are marked
-    interrupted."""
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+def stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT (a CI step's timeout or cancellation, a `kill`, `timeout`) end what runs inside as
+    Ctrl-C does: the runs in flight are marked interrupted and temporary checkouts removed. SIGINT too, because a
+    process started in the background by a shell inherits it ignored."""
+    previous = {number: signal.signal(number, raise_interrupt) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 # ---- rendezvous ports ---------------------------------------------------------------------------------------

@@ -1,18 +1,24 @@
-"""The gate (benches/gate.py, decisions/screening.py): on the nightly suite's 56 points a lone slowed point is flagged and
-fails the job, a night that changed nothing passes whatever its offset, a point that could not be measured
-fails with its own code; and, on real trainer processes of a copy of this project, a delay planted in one
-point's code fails `rlperf gate` naming that point while the report rebuilt from the store says the same."""
+"""The gate (benches/gate.py, benches/night.py, decisions/screening.py): on the nightly suite's 56 points a lone
+slowed point is flagged and fails the job, a night that changed nothing passes whatever its offset, a point that
+could not be measured fails with its own code; and, on real trainer processes of a copy of this project, a delay
+planted in one point's code fails `rlperf gate` naming that point while the report rebuilt from the store says
+the same, and the checkout of a gate killed mid-screen is removed by the next gate, which, stopped by SIGTERM,
+removes its own."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from projectrepo import project_repo, rlperf
+from projectrepo import environment, git, project_repo, rlperf
 
 from benches import suite as suites
 from benches.night import Night, gate_plan
@@ -177,3 +183,53 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
                    "--out", "../clean", timeout=880)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert json.dumps(clean.stdout.strip().splitlines()[-1]).startswith('"gate: no point got slower')
+
+
+def start_gate(repo: Path, out: Path, temp: Path) -> subprocess.Popen:
+    """`rlperf gate` of one tiny point in two screen pairs, making its checkouts in `temp`."""
+    (out.parent / "one.toml").write_text(THREE_POINTS.replace("[16, 24, 32]", "[16]"))
+    return subprocess.Popen([sys.executable, "-m", "rlperf", "gate", "--suite", str(out.parent / "one.toml"),
+                             "--baseline", "HEAD", "--screen-pairs", "2", "--out", str(out)], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=environment(repo, TMPDIR=str(temp), PYTHONUNBUFFERED="1"))
+
+
+def wait_for_screen(gate: subprocess.Popen, out: Path) -> None:
+    """Until the gate's screen has started its first process."""
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/points/*")):
+        assert gate.poll() is None, gate.communicate()
+        assert time.monotonic() < deadline, "the gate did not start its screen within 120 s"
+        time.sleep(0.1)
+
+
+def checkouts(repo: Path, temp: Path) -> tuple[int, list[Path]]:
+    """The checkouts git lists beside the repository's own, and the folders made for them."""
+    listed = [line for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+              if line.startswith("worktree ")]
+    return len(listed) - 1, sorted(temp.glob("rlperf-worktree-*"))
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_gates_checkout_is_pruned_by_the_next_gate_and_a_stopped_gate_leaves_none(tmp_path):
+    repo = project_repo(tmp_path)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    killed = start_gate(repo, tmp_path / "killed", temp)
+    wait_for_screen(killed, tmp_path / "killed")
+    killed.kill()  # SIGKILL, as a CI step's timeout ends what ignores its SIGTERM
+    killed.communicate()
+    left, left_folders = checkouts(repo, temp)
+    assert left == 1 and len(left_folders) == 1  # a SIGKILL leaves its checkout: no process can remove it then
+    stopped = start_gate(repo, tmp_path / "stopped", temp)
+    wait_for_screen(stopped, tmp_path / "stopped")
+    running, folders = checkouts(repo, temp)
+    assert running == 1 and len(folders) == 1 and folders != left_folders  # the killed one's is gone, not its own
+    stopped.send_signal(signal.SIGTERM)  # a timeout's first signal: the gate ends as Ctrl-C ends it
+    stdout, stderr = stopped.communicate(timeout=120)
+    assert stopped.returncode == 130 and stderr.strip().splitlines()[-1] == "rlperf gate: interrupted", stderr
+    assert f"removed 1 checkout(s) left by a killed process: {left_folders[0]}" in stdout
+    assert checkouts(repo, temp) == (0, [])
+    with Store.open(tmp_path / "stopped" / "results.sqlite", readonly=True) as store:
+        assert set(store.runs()["status"]) == {"interrupted"}
+

@@ -334,7 +334,8 @@ def test_bad_criteria_are_refused_as_every_measuring_command_refuses_them(store,
         main(["report", f"{path}::{candidate}", "--baseline", f"{path}::{baseline}", flag, value,
               "--out", str(tmp_path / "r")])
     assert refused.value.code == 2
-    assert capsys.readouterr().err == f"rlperf report: error: argument {flag}: must be a number {allowed} (got {value!r})\n"
+    assert capsys.readouterr().err == (f"rlperf report: error: argument {flag}: must be a number {allowed} "
+                                       f"(got {value!r})\n")
 
 
 def test_bad_input_prints_no_traceback_from_the_console_script(tmp_path):
