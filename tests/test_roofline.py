@@ -162,6 +162,13 @@ def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
     assert rows[1]["method"]["bytes"] == 8 * 2**20
 
 
+def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_rate():
+    from reports.formatting import fmt_rate_range
+
+    assert fmt_rate_range([6.60e5, 6.75e5, 6.70e5], "op/s") == "1.48 µs/op – 1.52 µs/op"
+    assert fmt_rate_range([1.9e11, 1.8e11], "FLOP/s") == "180 GFLOP/s – 190 GFLOP/s"
+
+
 def test_a_store_from_before_peaks_reads_as_having_none_and_gains_the_table_when_written(tmp_path):
     """The committed reference store predates peaks: read-only it reads, its report says why it has no
     roofline; opened for writing it gains the table and stays schema version 1."""
