@@ -7,7 +7,7 @@ commit, as with `git bisect --first-parent`. A binary search assumes that once s
 
 Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
 for the whole search, in pairs of processes with the machinery of `rlperf bench --against --until-decided`
-(benches/against.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
+(benches/pairing.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
 to `max_repeats` pairs or `budget_s` seconds. The question is one-sided, "is this commit slower?", so all of
 alpha goes to it and the first look comes sooner. `regressed` makes the commit bad; `not slower` (shown not
 slower than GOOD by the threshold, however fast it may be) makes it good. A verdict still inconclusive at the
@@ -41,17 +41,19 @@ from typing import Any
 from rich.console import Console
 
 from benches import suite as suites
-from benches.against import Pairing, git, resolve_commit, worktree
-from benches.cli import add_process_options, sigterm_interrupts
+from benches.pairing import Pairing
+from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.worktrees import git, resolve_commit, worktree
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
-from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process_options, add_threshold
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
+from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
 SHORT = 7  # characters of a commit hash shown
@@ -176,24 +178,6 @@ def choose_point(suite: suites.Suite, wanted: str | None) -> suites.Point:
 # ---- measuring ----------------------------------------------------------------------------------------------
 
 @dataclass
-class BisectOptions:
-    good: str
-    bad: str
-    suite: str
-    point: str | None = None
-    out_dir: Path = Path(DEFAULT_OUT)
-    device: str | None = None
-    timeout_s: float | None = None
-    sample_hz: float | None = None
-    max_repeats: int = DEFAULT_MAX_REPEATS
-    budget_s: float = DEFAULT_BUDGET_S
-    threshold: float | None = None  # None: DEFAULT_THRESHOLD for BAD, then the midpoint of BAD's slowdown
-    alpha: float = DEFAULT_ALPHA
-    json_path: Path | None = None
-    wait: bool = True
-
-
-@dataclass
 class Step:
     """One measured commit, as the progress lines and the --json file tell it."""
 
@@ -245,8 +229,17 @@ def midpoint_threshold(estimate: float) -> float:
 
 
 class Bisect:
-    def __init__(self, options: BisectOptions, console: Console, machine: Machine | None = None):
+    """The search between commits `good` and `bad` (any git refs) for one point of `options.suite` (the one
+    `point` names, by key or label); with `json_path`, the whole search also written there after every step.
+    `options.threshold` None: DEFAULT_THRESHOLD for BAD, then the midpoint of BAD's slowdown."""
+
+    def __init__(self, options: ProcessOptions, good: str, bad: str, console: Console, point: str | None = None,
+                 json_path: Path | None = None, machine: Machine | None = None):
         self.options = options
+        self.good_ref = good
+        self.bad_ref = bad
+        self.wanted_point = point
+        self.json_path = json_path
         self.console = console
         self.machine = machine
         self.steps: list[Step] = []
@@ -259,48 +252,47 @@ class Bisect:
         """Every input check, before anything is measured: each failure is one line, exit 2."""
         opts = self.options
         suite = suites.load(opts.suite)
-        point = choose_point(suite, opts.point)
-        good = commit_info(resolve_commit(opts.good, "good"))
-        bad = commit_info(resolve_commit(opts.bad, "bad"))
+        point = choose_point(suite, self.wanted_point)
+        good = commit_info(resolve_commit(self.good_ref, "good"))
+        bad = commit_info(resolve_commit(self.bad_ref, "bad"))
         if good.sha == bad.sha:
-            raise BadInput(f"bad: {opts.bad!r} is the same commit as good ({good.short}); nothing lies between them")
+            raise BadInput(f"bad: {self.bad_ref!r} is the same commit as good ({good.short}); nothing lies "
+                           "between them")
         if not is_ancestor(good.sha, bad.sha):
-            raise BadInput(f"good: {opts.good!r} ({good.short}) is not an ancestor of bad {opts.bad!r} "
+            raise BadInput(f"good: {self.good_ref!r} ({good.short}) is not an ancestor of bad {self.bad_ref!r} "
                            f"({bad.short}); give a GOOD older than BAD on its history")
         changed = tracked_changes()
         if changed:
             raise BadInput(f"working tree: {REPO_ROOT} has uncommitted changes to {len(changed)} tracked files "
                            f"({changed[0].strip()}, ...); commit or set them aside first: the suite and the "
                            "harness are read from it, and the search must be repeatable")
-        if opts.json_path is not None:
-            if opts.json_path.is_dir():
-                raise BadInput(f"json: {opts.json_path} is a directory; name a file")
-            output_dir(opts.json_path.parent, "json")
+        if self.json_path is not None:
+            if self.json_path.is_dir():
+                raise BadInput(f"json: {self.json_path} is a directory; name a file")
+            output_dir(self.json_path.parent, "json")
         return suite, point, good, bad, commits_between(good.sha, bad.sha)
 
     def run(self) -> int:
         opts = self.options
         suite, point, good, bad, commits = self.check()
         machine = self.machine or probe()
-        overrides = {"device": machine.resolve_device(opts.device)} if opts.device else {}
-        if overrides:
-            suite = suites.load(opts.suite, overrides)
-            point = next(p for p in suite.points if p.key == point.key)
+        suite, overrides = opts.suite_on(machine)
+        point = next(p for p in suite.points if p.key == point.key)
         reason = machine.skip_reason(point.config)
         if reason is not None:
             raise BadInput(f"point: this machine cannot run {point.label}: {reason}")
         current = collect(machine, suite.suite_hash, overrides)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        self.record = {"good": {"ref": opts.good, "commit": good.sha, "subject": good.subject},
-                       "bad": {"ref": opts.bad, "commit": bad.sha, "subject": bad.subject},
+        self.record = {"good": {"ref": self.good_ref, "commit": good.sha, "subject": good.subject},
+                       "bad": {"ref": self.bad_ref, "commit": bad.sha, "subject": bad.subject},
                        "order": "first-parent", "commits": [asdict(c) for c in commits],
                        "suite": suite.name, "point": point.key, "alpha": opts.alpha, "max_repeats": opts.max_repeats,
                        "budget_s": opts.budget_s, "store": str(store_path), "steps": [], "first_bad": None,
                        "status": "running", "conclusion": ""}
         search = Search(len(commits))
         threshold = opts.threshold or DEFAULT_THRESHOLD
-        with MeasurementLock() as lock, worktree(good.sha) as good_tree:
+        with MeasurementLock() as lock, worktree(good.sha, self.say) as good_tree:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 self.say(f"bisect: {len(commits)} commits after {good} (good) up to {bad.short} (bad), BAD's "
@@ -369,7 +361,7 @@ class Bisect:
 
     def write_json(self) -> None:
         """The whole search so far, replaced atomically after every step."""
-        path = self.options.json_path
+        path = self.json_path
         if path is None:
             return
         self.record["steps"] = [asdict(step) for step in self.steps]
@@ -400,7 +392,7 @@ class Measure:
         result = Step(number, commit.sha, commit.subject, role, threshold=threshold)
         records = {side: PointRecord(self.point.key, self.point.config, "ok", utc_now(), 0.0)
                    for side in ("ref", "new")}
-        with worktree(commit.sha) as tree:
+        with worktree(commit.sha, self.bisect.say) as tree:
             result.good_run, result.run = self.start_runs(number, commit, threshold)
             try:
                 verdict = self.pairs(commit, tree, result, records, threshold)
@@ -432,7 +424,7 @@ class Measure:
         label = f"bisect {self.good.short}..{self.bad.short} step {number}"
         good_run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
-            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.options.good},
+            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.good_ref},
              "bisect": {**search, "side": "good"}, **pairing_entry("ref", None, design)}, self.machine_key,
             f"{label}: good {self.good.short}")
         run = self.store.create_run(
@@ -445,8 +437,8 @@ class Measure:
     def pairs(self, commit: Commit, tree: Path, result: Step, records: dict[str, PointRecord],
               threshold: float) -> PointVerdict:
         opts = self.bisect.options
-        utilization = UtilizationProbe(self.suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
-        timeout = opts.timeout_s or self.suite.timeout_s
+        utilization = UtilizationProbe(opts.sample_hz_for(self.suite))
+        timeout = opts.timeout_for(self.suite)
         runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
                                       trainer_command, cwd=self.good_tree),
                    "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
@@ -471,17 +463,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}) and the logs go (default {DEFAULT_OUT}/)")
     add_process_options(parser, "the point")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"at most N pairs of processes per commit; a commit still undecided then is skipped "
-                             f"(default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
-                        metavar="S", help=f"seconds each commit's measurement may take before it is skipped "
-                                          f"(default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False),
-                        help=f"smallest relative change of SPS that counts, as a fraction (default: "
-                             f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown)")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"one minus the confidence of each commit's verdict (default {DEFAULT_ALPHA})")
+    add_max_repeats(parser, "at most N pairs of processes per commit; a commit still undecided then is skipped")
+    add_budget(parser, "seconds each commit's measurement may take before it is skipped")
+    add_threshold(parser, "smallest relative change of SPS that counts", None,
+                  default_text=f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown")
+    add_alpha(parser, "one minus the confidence of each commit's verdict", DEFAULT_ALPHA)
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write the whole search (every step's commit, verdict, change, interval, pairs "
                              "and seconds) to this file (default: none)")
@@ -490,9 +476,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
-    options = BisectOptions(good=args.good, bad=args.bad, suite=args.suite, point=args.point, out_dir=Path(args.out),
-                            device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz,
-                            max_repeats=args.max_repeats, budget_s=args.budget_s, threshold=args.threshold,
-                            alpha=args.alpha, json_path=args.json, wait=args.wait)
-    with sigterm_interrupts():
-        return Bisect(options, default_console()).run()
+    bisect = Bisect(ProcessOptions.from_args(args), args.good, args.bad, default_console(), point=args.point,
+                    json_path=args.json)
+    with stop_signals_interrupt():
+        return bisect.run()

@@ -6,44 +6,15 @@ Importing this module stays cheap; torch is only ever imported by the processes 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import re
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import (DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_SAMPLE_HZ, MAX_TIMEOUT_S, number_in,
+from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats, add_process_options, add_threshold,
                               positive_int)
 from rlperf.errors import BadInput
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
-
-
-
-
-
-def device_choice(text: str) -> str:
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N (got {text!r})")
-    return text
-
-
-def add_process_options(parser: argparse.ArgumentParser, scope: str) -> None:
-    """--device, --timeout, --sample-hz and --no-wait, as every command that runs trainer processes takes them;
-    `scope` names what --device moves ("every point", "the point")."""
-    parser.add_argument("--device", type=device_choice,
-                        help=f"run {scope} on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
-                             "(the first GPU when there is one) (default: the suite's)")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), metavar="S",
-                        help=f"seconds one trainer process may run before it is killed, above 0 and at most "
-                             f"{MAX_TIMEOUT_S:g} (default: the suite's `timeout_s`)")
-    parser.add_argument("--sample-hz", type=number_in(0, MAX_SAMPLE_HZ, low_included=True), metavar="HZ",
-                        help=f"utilization samples per second around each process, 0 for none, at most "
-                             f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
+from rlperf.processes import stop_signals_interrupt
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, metavar="R",
                         help="fresh processes per point (default: the suite's `repeats`)")
     add_process_options(parser, "every point")
-    parser.add_argument("--label", type=utf8_text,
-                        help="a note stored with the run, e.g. the change being measured (default: none)")
+    add_label(parser, "none")
     parser.add_argument("--export", metavar="PATH", type=Path,
                         help="also write the run's samples as a flat table: .csv, .parquet or .json (default: none)")
     parser.add_argument("--baseline", metavar="RESULTS", default=os.environ.get("RLPERF_BASELINE") or None,
@@ -71,34 +41,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until-decided", action="store_true",
                         help="with --against: add pairs of processes to each point until its verdict is decided, "
                              "spending alpha over the looks (default: the suite's repeats in pairs, judged once)")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"with --until-decided: at most N pairs per point (default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False),
-                        default=DEFAULT_BUDGET_S, metavar="S",
-                        help=f"with --until-decided: seconds each point may take before its pairs so far are judged "
-                             f"one last time (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
-                        help=f"smallest relative change of SPS that counts, as a fraction (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"one minus the confidence of each change's interval (default {DEFAULT_ALPHA})")
+    add_max_repeats(parser, "with --until-decided: at most N pairs per point")
+    add_budget(parser, "with --until-decided: seconds each point may take before its pairs so far are judged one "
+                       "last time")
+    add_threshold(parser, "smallest relative change of SPS that counts", DEFAULT_THRESHOLD)
+    add_alpha(parser, "one minus the confidence of each change's interval", DEFAULT_ALPHA, intervals=True)
     parser.add_argument("--fail-on-inconclusive", action="store_true",
                         help="with --baseline or --against: exit 1 also when a point could not be decided "
                              "(default: only on a regression)")
 
 
-def utf8_text(text: str) -> str:
-    # Bytes that are not UTF-8 reach argv as surrogate escapes, which SQLite cannot store.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(f"must be UTF-8 text (got {text.encode('utf-8', 'surrogateescape')!r})") \
-            from None
-    return text
-
-
 def run(args: argparse.Namespace) -> int:
     check_combinations(args)
-    with sigterm_interrupts():
+    with stop_signals_interrupt():
         return against(args) if args.against else sweep(args)
 
 
@@ -116,7 +71,8 @@ def check_combinations(args: argparse.Namespace) -> None:
 
 def sweep(args: argparse.Namespace) -> int:
     """Sweep, then report: the run is measured and stored, then judged against the baseline if one is named."""
-    from benches.sweep import Sweep, SweepOptions
+    from benches.options import ProcessOptions
+    from benches.sweep import Sweep
     from reports.render import render
     from decisions.rundata import load, load_run
     from rlperf.store import Store
@@ -124,10 +80,8 @@ def sweep(args: argparse.Namespace) -> int:
     # A bad baseline stops here, before any point runs. Loading it now also pins its run: a bare PATH cannot
     # come to mean this very run once it is the store's latest.
     baseline = load(args.baseline, field="baseline") if args.baseline else None
-    options = SweepOptions(suite=args.suite, out_dir=Path(args.out), resume=args.resume, repeats=args.repeats,
-                           device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                           export=args.export, wait=args.wait, threshold=args.threshold, alpha=args.alpha)
-    sweep = Sweep(options)
+    options = ProcessOptions.from_args(args)
+    sweep = Sweep(options, resume=args.resume, export=args.export)
     failed = sweep.run()
     with Store.open(sweep.store_path, readonly=True) as store:
         candidate = load_run(store, sweep.run_id)
@@ -141,27 +95,9 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def against(args: argparse.Namespace) -> int:
-    from benches.against import Against, AgainstOptions
+    from benches.against import Against
+    from benches.options import ProcessOptions
     from rlperf.terminal import default_console
 
-    options = AgainstOptions(suite=args.suite, ref=args.against, out_dir=Path(args.out), repeats=args.repeats,
-                             device=args.device, timeout_s=args.timeout, sample_hz=args.sample_hz, label=args.label,
-                             until_decided=args.until_decided, max_repeats=args.max_repeats,
-                             budget_s=args.budget_s, threshold=args.threshold, alpha=args.alpha,
-                             fail_on_inconclusive=args.fail_on_inconclusive, wait=args.wait)
-    return Against(options, default_console()).run()
-
-
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, a `kill`) ends what runs inside like Ctrl-C: the runs in flight are marked
-    interrupted."""
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return Against(ProcessOptions.from_args(args), args.against, default_console(),
+                   until_decided=args.until_decided).run()

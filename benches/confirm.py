@@ -4,7 +4,7 @@ A change point in the history (decisions/changepoints.py) says that a point's SP
 different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
 measured again here: the commit of the last run before it against the commit of the run where it began, each in
 a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
-`rlperf bench --against --until-decided`, benches/against.py). Both sides are stored as runs naming the change
+`rlperf bench --against --until-decided`, benches/pairing.py). Both sides are stored as runs naming the change
 point they confirm, and `rlperf report --history` shows each change point as confirmed (the pairs claim the same
 direction), not confirmed, or undecided.
 
@@ -21,19 +21,21 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benches.against import Pairing, resolve_commit, worktree
-from benches.cli import sigterm_interrupts
+from benches.pairing import Pairing
+from benches.options import ProcessOptions
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
+from benches.worktrees import resolve_commit, worktree
 from decisions import changepoints
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.history import FINISHED, measures_its_moment
 from decisions.rundata import load_run
 from decisions.sequential import Design, pairing_entry
-from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS, MAX_TIMEOUT_S, number_in, positive_int
+from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait, add_threshold, add_timeout
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
 from rlperf.machine import collect, machine_key, probe
+from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, utc_now
 
 TIMEOUT_S = 600.0
@@ -55,25 +57,27 @@ def candidates(store: Store, threshold: float, alpha: float) -> list[tuple[chang
 
 
 class Confirm:
-    def __init__(self, args: argparse.Namespace, console: Console):
-        self.args = args
+    """Every SPS change point of the store at `store_path` not yet confirmed, measured again with `options`."""
+
+    def __init__(self, options: ProcessOptions, store_path: Path, console: Console):
+        self.options = options
+        self.store_path = store_path
         self.console = console
 
     def say(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def run(self) -> int:
-        args = self.args
-        store_path = Path(args.store)
+        opts, store_path = self.options, self.store_path
         with Store.open(store_path, readonly=True) as store:
-            found = candidates(store, args.threshold, args.alpha)
+            found = candidates(store, opts.threshold, opts.alpha)
         if not found:
             self.say("confirm: no change point left to confirm")
             return 0
         machine = probe()
         outcomes = []
         with MeasurementLock() as lock:
-            lock.acquire(args.wait, self.say, suite="confirm", store=str(store_path.resolve()))
+            lock.acquire(opts.wait, self.say, suite="confirm", store=str(store_path.resolve()))
             for change, runs in found:
                 outcomes.append(self.confirm(store_path, machine, change, runs))
         for line in outcomes:
@@ -82,7 +86,7 @@ class Confirm:
 
     def confirm(self, store_path: Path, machine, change: changepoints.ChangePoint, runs: list) -> str:
         """One change point measured again; a line saying how it ended."""
-        args = self.args
+        opts = self.options
         before_run, after_run = runs[change.order - 1], runs[change.order]
         name = f"{change.point} at {change.run_id}"
         if before_run.info.get("git_dirty") or after_run.info.get("git_dirty"):
@@ -102,10 +106,10 @@ class Confirm:
         reason = machine.skip_reason(config)
         if reason is not None:
             return f"{name}: undecided: this machine cannot run it ({reason})"
-        design = Design.plan(args.max_repeats, args.alpha, sides=2, threshold=args.threshold)
+        design = Design.plan(opts.max_repeats, opts.alpha, sides=2, threshold=opts.threshold)
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
-        with worktree(commits["ref"]) as ref_tree, worktree(commits["new"]) as new_tree, \
+        with worktree(commits["ref"], self.say) as ref_tree, worktree(commits["new"]) as new_tree, \
                 Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():
@@ -115,14 +119,14 @@ class Confirm:
                 created[side] = store.create_run(after_run.suite, after_run.info["suite_hash"], entry, key,
                                                  f"confirm {change.point} at {change.run_id}: {tree_commit[:10]}")
             self.say(f"confirming {name} ({change.sentence()}): {commits['ref'][:10]} against {commits['new'][:10]}")
-            runners = {side: PointRunner(Path(args.out) / created[side], design.max_pairs, args.timeout,
+            runners = {side: PointRunner(opts.out_dir / created[side], design.max_pairs, opts.timeout_s,
                                          UtilizationProbe(0), trainer_command, cwd=tree)
                        for side, tree in (("ref", ref_tree), ("new", new_tree))}
             records = {side: PointRecord(point.key, config, "ok", utc_now(), 0.0) for side in runners}
             try:
                 verdict = Pairing(runners, design, self.say).measure(0, point, records,
                                                                       machine.gpu_uuids(config),
-                                                                      time.monotonic() + args.budget_s)
+                                                                      time.monotonic() + opts.budget_s)
             except KeyboardInterrupt:
                 for run_id in created.values():
                     store.finish_run(run_id, "interrupted")
@@ -136,19 +140,12 @@ class Confirm:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", metavar="STORE", help="a results store whose history has change points")
     parser.add_argument("--out", default="runs", metavar="DIR", help="where the processes' logs go (default runs/)")
-    parser.add_argument("--max-repeats", type=positive_int, default=DEFAULT_MAX_REPEATS, metavar="N",
-                        help=f"at most N pairs per change point (default {DEFAULT_MAX_REPEATS})")
-    parser.add_argument("--budget-s", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=DEFAULT_BUDGET_S,
-                        metavar="S", help=f"seconds each change point's pairs may take (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--timeout", type=number_in(0, MAX_TIMEOUT_S, low_included=False), default=TIMEOUT_S,
-                        metavar="S", help=f"seconds one trainer process may run (default {TIMEOUT_S:g})")
-    parser.add_argument("--threshold", type=number_in(0, 1, low_included=False), default=DEFAULT_THRESHOLD,
-                        help=f"smallest relative change of SPS that counts (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--alpha", type=number_in(0, 0.5, low_included=False), default=DEFAULT_ALPHA,
-                        help=f"the change points' level, and each confirmation's (default {DEFAULT_ALPHA})")
-    parser.add_argument("--no-wait", dest="wait", action="store_false",
-                        help="when another rlperf bench is measuring on this machine, exit 1 at once instead of "
-                             "waiting for it (default: wait)")
+    add_max_repeats(parser, "at most N pairs per change point")
+    add_budget(parser, "seconds each change point's pairs may take")
+    add_timeout(parser, TIMEOUT_S)
+    add_threshold(parser, "smallest relative change of SPS that counts", DEFAULT_THRESHOLD)
+    add_alpha(parser, "the change points' level, and each confirmation's", DEFAULT_ALPHA)
+    add_no_wait(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,5 +153,5 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.store).is_file():
         raise BadInput(f"store: no store at {args.store}")
-    with sigterm_interrupts():
-        return Confirm(args, default_console()).run()
+    with stop_signals_interrupt():
+        return Confirm(ProcessOptions.from_args(args), Path(args.store), default_console()).run()

@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,16 +160,15 @@ def read_summary(path: Path) -> dict:
 def publish(args: argparse.Namespace) -> int:
     """Records the gate's exit code at once, before anything else can fail; then the job summary (the gate's
     report.md) and the history page beside the report."""
-    from rlperf.cli import main as rlperf
-
     summary = read_summary(args.summary)
     append("GITHUB_OUTPUT", f"status={summary['exit_code']}\nrun_id={summary['runs']['screen_new']}\n")
     report_md = Path(summary["report"]) / "report.md"
     text = f"{summary['conclusion']}\n\n" + (report_md.read_text() if report_md.is_file() else "")
     append("GITHUB_STEP_SUMMARY", text)
     shutil.copytree(summary["report"], args.out, dirs_exist_ok=True)
-    history = rlperf(["report", "--history", str(data_dir(args.data) / STORE_FILE), "--out",
-                      str(args.out / "history")])
+    store = data_dir(args.data) / STORE_FILE
+    history = subprocess.run([sys.executable, "-m", "rlperf", "report", "--history", str(store),
+                              "--out", str(args.out / "history")]).returncode
     if history not in (0, 1):
         raise StepFailed(f"the history page could not be rendered (exit {history})")
     return 0
@@ -176,7 +176,7 @@ def publish(args: argparse.Namespace) -> int:
 
 def promote(args: argparse.Namespace) -> int:
     """Makes a commit this machine's baseline. With --first-night, only when the machine has none yet."""
-    from benches.against import resolve_commit
+    from benches.worktrees import resolve_commit
 
     data = data_dir(args.data)
     old = read_baseline(data)

@@ -31,7 +31,7 @@ from statistics import median
 from typing import Any, Callable
 
 from rlperf import peaks
-from rlperf.arguments import positive_int
+from rlperf.arguments import device_choice, positive_int
 from rlperf.errors import BadInput
 
 TIMINGS = 7
@@ -45,8 +45,6 @@ PROBE_TIMEOUT_S = 600.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from benches.cli import device_choice
-
     parser.add_argument("--device", default="auto", type=device_choice,
                         help="cpu, cuda, cuda:N, or auto (the first GPU when there is one) (default auto)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
@@ -162,7 +160,7 @@ def default_threads() -> int:
 def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, key: str, store: Path | None) -> None:
     from rich.table import Table
 
-    from reports.formatting import fmt_method, fmt_peak, fmt_rate
+    from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_rate_range
 
     where = f"{threads} threads" if device_name == "cpu" else device_name
     table = Table(title=f"peaks of {where}, machine key {key}: median of {TIMINGS} timings")
@@ -170,7 +168,7 @@ def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, ke
         table.add_column(column)
     for row in rows:
         table.add_row(fmt_peak(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
-                      f"{fmt_rate(min(row['samples']), row['unit'])} – {fmt_rate(max(row['samples']), row['unit'])}",
+                      fmt_rate_range(row["samples"], row["unit"]),
                       fmt_method(row["method"]))
     console.print(table)
     console.print("The matrix-product peak is the fastest of these products; memory counts a large copy's reads "

@@ -9,7 +9,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from benches import suite as suites
+from benches.options import ProcessOptions
 from benches.peaks import fill_missing
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
-from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.intervals import fewest_repeats
 from decisions.rundata import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
@@ -40,27 +39,16 @@ MIN_SHOWN_SHARE = 0.005
 RESERVE_BYTES = 256 * 1024
 
 
-@dataclass
-class SweepOptions:
-    suite: str
-    out_dir: Path
-    resume: bool = False
-    repeats: int | None = None
-    device: str | None = None
-    timeout_s: float | None = None
-    sample_hz: float | None = None
-    label: str | None = None
-    export: Path | None = None
-    wait: bool = True  # for another sweep measuring on this machine; False refuses instead
-    threshold: float = DEFAULT_THRESHOLD
-    alpha: float = DEFAULT_ALPHA
-
-
 class Sweep:
-    def __init__(self, options: SweepOptions, console: Console | None = None,
+    """A sweep of `options.suite`; with `resume`, the newest unfinished run of the suite continued; with
+    `export`, its samples also written as a flat table."""
+
+    def __init__(self, options: ProcessOptions, console: Console | None = None,
                  command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command,
-                 machine: Machine | None = None):
+                 machine: Machine | None = None, resume: bool = False, export: Path | None = None):
         self.options = options
+        self.resume = resume
+        self.export = export
         self.console = console or default_console()
         self.command_for = command_for
         self.machine = machine
@@ -69,14 +57,11 @@ class Sweep:
 
     def run(self) -> int:
         opts = self.options
-        suite = suites.load(opts.suite)  # a bad suite stops here, before the store is touched
+        suites.load(opts.suite)  # a bad suite stops here, before the machine or the store is touched
         machine = self.machine or probe()
-        overrides = {}
-        if opts.device:
-            overrides = {"device": machine.resolve_device(opts.device)}
-            suite = suites.load(opts.suite, overrides)
-        if opts.export is not None:
-            check_export_path(opts.export)
+        suite, overrides = opts.suite_on(machine)
+        if self.export is not None:
+            check_export_path(self.export)
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
 
@@ -105,8 +90,8 @@ class Sweep:
                     raise self.interrupted_by_fault(store, run_id, suite, reserve, exc) from None
                 store.finish_run(run_id, "complete")
                 failed = self.print_summary(store, run_id, suite)
-                if opts.export is not None:
-                    self.console.print(f"exported {store.export(run_id, opts.export)}")
+                if self.export is not None:
+                    self.console.print(f"exported {store.export(run_id, self.export)}")
         self.store_path, self.run_id = store_path, run_id
         return 1 if failed else 0
 
@@ -128,7 +113,7 @@ class Sweep:
 
     def start_run(self, store: Store, suite: suites.Suite, fingerprint: dict[str, Any],
                   key: str) -> tuple[str, set[str]]:
-        if self.options.resume:
+        if self.resume:
             run_id = store.resumable_run(suite.name, suite.suite_hash, key)
             if run_id is not None:
                 repeats = self.options.repeats or suite.repeats
@@ -158,8 +143,8 @@ class Sweep:
     def run_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine, done: set[str]) -> None:
         opts = self.options
         todo = [(index, point) for index, point in enumerate(suite.points) if point.key not in done]
-        utilization = UtilizationProbe(suite.sample_hz if opts.sample_hz is None else opts.sample_hz)
-        runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_s or suite.timeout_s,
+        utilization = UtilizationProbe(opts.sample_hz_for(suite))
+        runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_for(suite),
                              utilization, self.command_for)
         if not todo:
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.arguments import add_alpha, add_threshold
 
 EXIT_CODES = ("exit code: 1 when a point regressed (or could not be decided, with --fail-on-inconclusive), "
               "0 otherwise, 2 for bad input")
@@ -19,11 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="results to compare with: PATH or PATH::RUN_ID (default: none, no verdicts)")
     parser.add_argument("--out", default="report", metavar="DIR", help="where report.md and report.html go "
                         "(default: ./report)")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"smallest relative change that counts (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"one minus the confidence of each change's interval, and the false-discovery rate "
-                             f"of the claims across points (default {DEFAULT_ALPHA}, 95%% intervals)")
+    add_threshold(parser, "smallest relative change that counts", DEFAULT_THRESHOLD)
+    add_alpha(parser, "one minus the confidence of each change's interval, and the false-discovery rate of the "
+                      "claims across points", DEFAULT_ALPHA, intervals=True)
     parser.add_argument("--fail-on-inconclusive", action="store_true",
                         help="exit 1 also when a point's change could not be decided either way (default: only "
                              "on a regression)")

@@ -41,6 +41,15 @@ def fmt_rate(value: float, unit: str) -> str:
     return f"{value / scale:.3g} {prefix}{unit}"
 
 
+
+def fmt_rate_range(samples: list[float], unit: str) -> str:
+    """A measured rate's timings, least to most as shown: a rate from slowest to fastest, a tiny op's cost (shown
+    per op, the inverse of its rate) from cheapest to dearest."""
+    low, high = min(samples), max(samples)
+    if unit == "op/s":
+        low, high = high, low
+    return f"{fmt_rate(low, unit)} – {fmt_rate(high, unit)}"
+
 PEAK_NAMES = {peaks.ROOF: "matrix-product peak", peaks.MEMORY: "memory bandwidth (a copy)",
               peaks.DISPATCH: "one tiny op", "h2d_pinned": "host→device, pinned",
               "h2d_pageable": "host→device, pageable", "d2h_pinned": "device→host, pinned",

@@ -19,7 +19,7 @@ import pandas as pd
 
 from reference_trainer.config import BUILTIN_ENVS
 from reports import figures
-from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_sps
+from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_rate_range, fmt_sps
 from reports.page import Section
 from decisions.rundata import RunData
 from rlperf import peaks as peak_rows
@@ -299,8 +299,7 @@ def peaks_table(run: RunData, points) -> pd.DataFrame:
                 continue
             rows.append({"device": where, "peak": fmt_peak(row), "dtype": row["dtype"] or "–",
                          "median": fmt_rate(row["value"], row["unit"]),
-                         "timings (min – max)": f"{fmt_rate(min(row['samples']), row['unit'])} – "
-                                                f"{fmt_rate(max(row['samples']), row['unit'])}",
+                         "timings (min – max)": fmt_rate_range(row["samples"], row["unit"]),
                          "how": fmt_method(row["method"]), "measured": row["measured_at"],
                          "busy": (row["method"].get("interference") or {}).get("why") or "–"})
             used = known.matmul_peak(device_name, threads, row["dtype"])

@@ -18,6 +18,7 @@ anything from the directory a caller runs the command in (another checkout's tre
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, TypeVar
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 T = TypeVar("T")
 PR_SET_PDEATHSIG = 1
@@ -94,6 +95,28 @@ def signal_name(returncode: int) -> str | None:
         return signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
+
+
+# ---- stopped from outside ----------------------------------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT (a CI step's timeout or cancellation, a `kill`, `timeout`) end what runs inside as
+    Ctrl-C does: the runs in flight are marked interrupted and temporary checkouts removed. SIGINT too, because a
+    process started in the background by a shell inherits it ignored."""
+    previous = {number: signal.signal(number, raise_interrupt) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 # ---- rendezvous ports ---------------------------------------------------------------------------------------

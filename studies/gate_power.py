@@ -1,7 +1,7 @@
 """How often does the gate cry wolf, and how often does it catch a slowed point? Measured by simulation through
 the gate's own code.
 
-`python -m studies.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/gate.py's
+`python -m studies.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/night.py's
 Night (the screen, the choice of suspects, the sequential confirmation; decisions/screening.py's rules, judged from the
 frames the store would hold) over many nights of a simulated machine (studies/simulated.py): heavy-tailed process
 noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
@@ -25,7 +25,8 @@ import numpy as np
 from scipy import stats
 
 from benches import suite as suites
-from benches.gate import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, SIDES, Night
+from benches.night import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, Night
+from benches.pairing import SIDES
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD

@@ -1,6 +1,6 @@
 """What `--until-decided` costs and catches, measured by simulation through its own code.
 
-`python -m studies.sequential_power --noise process=0.06,drift=0.6 --points 400` runs benches/against.py's
+`python -m studies.sequential_power --noise process=0.06,drift=0.6 --points 400` runs benches/pairing.py's
 Pairing (random order inside each pair, contended pairs left out, the design of decisions/sequential.py judged
 after every pair) on drawn processes (studies/simulated.py) for one point at a time:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from benches.against import Pairing, frame
+from benches.pairing import Pairing, frame
 from studies.simulated import Noise, SimulatedMachine
 from benches.suite import Point
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD

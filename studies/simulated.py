@@ -1,5 +1,5 @@
 """A machine whose trainer processes are drawn, not run: the error rates of the gate, `--until-decided` and
-bisect are measured by driving their own code (benches/against.py's pairs, benches/gate.py's stages) with
+bisect are measured by driving their own code (benches/pairing.py's pairs, benches/night.py's stages) with
 runners that answer like `PointRunner` with steady SPS drawn from a model of the noise measured here.
 
 The model, on the log scale of SPS, for each process:

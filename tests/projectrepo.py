@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rlperf.machine import REPO_ROOT
 
-PACKAGES = ("benches", "decisions", "profilers", "reference_trainer", "reports", "rlperf", "studies")
+PACKAGES = ("benches", "command", "decisions", "profilers", "reference_trainer", "reports", "rlperf", "studies")
+STOP_GRACE_S = 60.0  # how long a command stopped at its timeout may take to clean up
 GIT_ENV = {"GIT_AUTHOR_NAME": "rlperf test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
            "GIT_COMMITTER_NAME": "rlperf test", "GIT_COMMITTER_EMAIL": "test@example.invalid"}
 
@@ -48,8 +49,27 @@ def project_repo(root: Path) -> Path:
     return repo
 
 
-def rlperf(repo: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m rlperf` run from `repo`, so the repository searched and the code that searches it are the copy."""
+def environment(repo: Path, **extra: str) -> dict[str, str]:
+    """The environment `python -m rlperf` gets from the copy: no PYTHONPATH to lead it back to this checkout, and
+    a measurement lock of its own."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "rlperf", *args], cwd=repo, capture_output=True, text=True,
-                          timeout=timeout, env={**env, "RLPERF_LOCK": str(repo.parent / "bench.lock")})
+    return {**env, "RLPERF_LOCK": str(repo.parent / "bench.lock"), **extra}
+
+
+def rlperf(repo: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m rlperf` run from `repo`, so the repository searched and the code that searches it are the copy.
+    Past `timeout` it is stopped as a CI step's timeout stops a command, by SIGTERM, so it cleans up after
+    itself (its runs marked interrupted, its checkouts removed) before the test fails."""
+    command = [sys.executable, "-m", "rlperf", *args]
+    with subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=environment(repo)) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

@@ -7,11 +7,13 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benches.against import Pairing, resolve_commit
+from benches.pairing import Pairing
+from benches.worktrees import resolve_commit
 from studies.simulated import Noise, SimulatedMachine
 from benches.suite import Point
 from decisions.sequential import Design
@@ -94,24 +96,26 @@ def test_a_ref_that_is_no_commit_is_bad_input():
         resolve_commit("no-such-ref-x")
 
 
-def git_worktrees() -> list[str]:
+def git_worktrees(under: Path) -> list[str]:
+    """The checkouts git lists in `under` (this repository's may gain others' while a test runs)."""
     out = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
                          check=True).stdout
-    return [line for line in out.splitlines() if line.startswith("worktree ")]
+    return [line for line in out.splitlines() if line.startswith(f"worktree {under}")]
 
 
 @pytest.mark.slow
 def test_against_head_alternates_processes_and_stores_two_paired_runs(tmp_path):
     suite = tmp_path / "tiny.toml"
     suite.write_text(TINY_SUITE)
-    before = git_worktrees()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "rlperf", "bench", "--suite", str(suite), "--against", "HEAD",
                            "--until-decided", "--max-repeats", "6", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "RLPERF_LOCK": str(tmp_path / "lock")})
+                          env={**os.environ, "RLPERF_LOCK": str(tmp_path / "lock"), "TMPDIR": str(temp)})
     # the same code on both sides: never a claim, whatever the machine is doing
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert git_worktrees() == before  # the temporary checkout is gone
+    assert git_worktrees(temp) == [] and list(temp.glob("rlperf-worktree-*")) == []  # the checkout is gone
     lines = [line for line in proc.stdout.splitlines() if line.startswith("default pair ")]
     # at alpha 1% no claim is possible from 6 pairs: one look, at the last, that spends all of alpha (on a busy
     # machine contended pairs are left out, and the look then comes after the last pair, at the quiet ones)

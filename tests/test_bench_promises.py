@@ -20,7 +20,7 @@ import pytest
 
 from rlperf.store import Store
 from profilers import interference
-from rlperf.cli import main
+from command.cli import main
 
 SUITE = """
     sample_hz = 0

@@ -21,7 +21,8 @@ from rich.console import Console
 
 from rlperf.machine import Machine
 from rlperf.store import Store
-from benches.sweep import Sweep, SweepOptions
+from benches.options import ProcessOptions
+from benches.sweep import Sweep
 from rlperf.processes import RANK_DIR_ENV, Heartbeat, heartbeat_path
 
 CPU_MACHINE = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])
@@ -87,7 +88,7 @@ def test_crash_hang_and_ignored_setting_become_stored_points_and_the_sweep_goes_
     out = tmp_path / "out"
     screen = console()
     # The timeout must cover interpreter start-ups on a busy machine; the hang (120 s) is what it must cut.
-    sweep = Sweep(SweepOptions(suite=str(suite), out_dir=out, repeats=2, timeout_s=15.0, sample_hz=20), screen,
+    sweep = Sweep(ProcessOptions(suite=str(suite), out_dir=out, repeats=2, timeout_s=15.0, sample_hz=20), screen,
                   command_for=command_for, machine=CPU_MACHINE)
     started = time.monotonic()
     assert sweep.run() == 1  # some points failed: the exit status says so

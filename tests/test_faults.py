@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -360,6 +361,28 @@ def test_two_resumes_of_one_run_take_turns(interrupted, lock):
 
 # ---- the machine lock ---------------------------------------------------------------------------------------
 
+def test_a_long_wait_for_the_lock_says_how_long_it_has_waited_and_when_the_lock_came(tmp_path, monkeypatch):
+    import rlperf.lock
+
+    monkeypatch.setattr(rlperf.lock, "WAIT_REPORTS_S", (0.4,))
+    monkeypatch.setattr(rlperf.lock, "WAIT_REPORT_EVERY_S", 0.4)
+    said: list[str] = []
+    with MeasurementLock(tmp_path / "lock") as held:
+        held.acquire(False, print, suite="nightly", run_id="HELD-RUN")
+        releaser = threading.Timer(1.5, held.release)
+        releaser.start()
+        with MeasurementLock(tmp_path / "lock") as waiting:
+            waiting.acquire(True, said.append, suite="smoke")
+            assert waiting.fd is not None
+        releaser.join()
+    assert said[0].startswith("waiting: another rlperf bench is measuring on this machine (pid")
+    still = [line for line in said if line.startswith("still waiting after ")]
+    assert len(still) >= 2 and all("run HELD-RUN, suite nightly" in line for line in still), said
+    assert said == [said[0], *still, said[-1]]
+    assert re.fullmatch(r"the lock came after [12] s of waiting, at \d\d:\d\d:\d\d", said[-1]), said
+    assert [rlperf.lock.duration(s) for s in (42.4, 1023, 7500)] == ["42 s", "17 min 3 s", "2 h 5 min"]
+
+
 def test_a_second_bench_waits_for_the_first_or_is_refused(stored, lock, tmp_path):
     store, runs, suite = stored
     out = tmp_path / "runs"
@@ -382,7 +405,7 @@ def test_a_second_bench_waits_for_the_first_or_is_refused(stored, lock, tmp_path
 def test_every_flag_of_every_subcommand_has_help_with_its_default(lock):
     import importlib
 
-    from rlperf.cli import SUBCOMMANDS, OneLineParser
+    from command.cli import SUBCOMMANDS, OneLineParser
 
     for name in SUBCOMMANDS:
         module_name = SUBCOMMANDS[name][0]

@@ -1,22 +1,29 @@
-"""The gate (benches/gate.py, decisions/screening.py): on the nightly suite's 56 points a lone slowed point is flagged and
-fails the job, a night that changed nothing passes whatever its offset, a point that could not be measured
-fails with its own code; and, on real trainer processes of a copy of this project, a delay planted in one
-point's code fails `rlperf gate` naming that point while the report rebuilt from the store says the same."""
+"""The gate (benches/gate.py, benches/night.py, decisions/screening.py): on the nightly suite's 56 points a lone
+slowed point is flagged and fails the job, a night that changed nothing passes whatever its offset, a point that
+could not be measured fails with its own code; and, on real trainer processes of a copy of this project, a delay
+planted in one point's code fails `rlperf gate` naming that point while the report rebuilt from the store says
+the same, and the checkout of a gate killed mid-screen is removed by the next gate, which, stopped by SIGTERM,
+removes its own."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from projectrepo import project_repo, rlperf
+from projectrepo import environment, git, project_repo, rlperf
 
 from benches import suite as suites
-from benches.against import frames
-from benches.gate import SIDES, GateOptions, Night
+from benches.night import Night, gate_plan
+from benches.pairing import SIDES, frames
+from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions.verdicts import judge
@@ -27,7 +34,7 @@ NIGHTLY = list(suites.load("nightly").points)
 
 def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None = None, seed: int = 0,
           skip=lambda point: None) -> list[rules.GateVerdict]:
-    plan = plan or GateOptions(suite="nightly", baseline="HEAD").plan()
+    plan = plan or gate_plan(ProcessOptions())
     recorded = {}
 
     def record(stage, side, point_record):
@@ -102,7 +109,7 @@ def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(3))
     slowdowns = (0.2, 0.25, 0.3, 0.35, 0.5, 0.6)  # the two slowest apart from the rest by far more than the noise
     machine.slowdowns = {("new", point.key): slowdown for point, slowdown in zip(NIGHTLY, slowdowns)}
-    plan = GateOptions(suite="nightly", baseline="HEAD", max_suspects=2).plan()
+    plan = gate_plan(ProcessOptions(), max_suspects=2)
     found = night(machine, points=NIGHTLY[:8], plan=plan)
     regressed = [v.screen.point_key for v in found if v.status == rules.REGRESSED]
     assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest
@@ -111,7 +118,7 @@ def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
 
 
 def test_what_the_gate_detects_grows_with_the_noise():
-    plan = GateOptions(suite="nightly", baseline="HEAD").plan()
+    plan = gate_plan(ProcessOptions())
     quiet, noisy = rules.detectable(plan, 0.028), rules.detectable(plan, 0.12)
     assert plan.threshold < quiet < 0.12 < noisy < 0.6
 
@@ -176,3 +183,53 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
                    "--out", "../clean", timeout=880)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert json.dumps(clean.stdout.strip().splitlines()[-1]).startswith('"gate: no point got slower')
+
+
+def start_gate(repo: Path, out: Path, temp: Path) -> subprocess.Popen:
+    """`rlperf gate` of one tiny point in two screen pairs, making its checkouts in `temp`."""
+    (out.parent / "one.toml").write_text(THREE_POINTS.replace("[16, 24, 32]", "[16]"))
+    return subprocess.Popen([sys.executable, "-m", "rlperf", "gate", "--suite", str(out.parent / "one.toml"),
+                             "--baseline", "HEAD", "--screen-pairs", "2", "--out", str(out)], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=environment(repo, TMPDIR=str(temp), PYTHONUNBUFFERED="1"))
+
+
+def wait_for_screen(gate: subprocess.Popen, out: Path) -> None:
+    """Until the gate's screen has started its first process."""
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/points/*")):
+        assert gate.poll() is None, gate.communicate()
+        assert time.monotonic() < deadline, "the gate did not start its screen within 120 s"
+        time.sleep(0.1)
+
+
+def checkouts(repo: Path, temp: Path) -> tuple[int, list[Path]]:
+    """The checkouts git lists beside the repository's own, and the folders made for them."""
+    listed = [line for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+              if line.startswith("worktree ")]
+    return len(listed) - 1, sorted(temp.glob("rlperf-worktree-*"))
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_gates_checkout_is_pruned_by_the_next_gate_and_a_stopped_gate_leaves_none(tmp_path):
+    repo = project_repo(tmp_path)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    killed = start_gate(repo, tmp_path / "killed", temp)
+    wait_for_screen(killed, tmp_path / "killed")
+    killed.kill()  # SIGKILL, as a CI step's timeout ends what ignores its SIGTERM
+    killed.communicate()
+    left, left_folders = checkouts(repo, temp)
+    assert left == 1 and len(left_folders) == 1  # a SIGKILL leaves its checkout: no process can remove it then
+    stopped = start_gate(repo, tmp_path / "stopped", temp)
+    wait_for_screen(stopped, tmp_path / "stopped")
+    running, folders = checkouts(repo, temp)
+    assert running == 1 and len(folders) == 1 and folders != left_folders  # the killed one's is gone, not its own
+    stopped.send_signal(signal.SIGTERM)  # a timeout's first signal: the gate ends as Ctrl-C ends it
+    stdout, stderr = stopped.communicate(timeout=120)
+    assert stopped.returncode == 130 and stderr.strip().splitlines()[-1] == "rlperf gate: interrupted", stderr
+    assert f"removed 1 checkout(s) left by a killed process: {left_folders[0]}" in stdout
+    assert checkouts(repo, temp) == (0, [])
+    with Store.open(tmp_path / "stopped" / "results.sqlite", readonly=True) as store:
+        assert set(store.runs()["status"]) == {"interrupted"}
+

@@ -13,7 +13,7 @@ import torch
 from profilers import pyspy, trace_events
 from profilers.timeline import clock_check, merge_timeline
 from reference_trainer.config import PHASES
-from rlperf.cli import main
+from command.cli import main
 
 TINY = ["--env", "synthetic", "--num-envs", "8", "--horizon", "8", "--minibatch-size", "32", "--hidden-size", "16",
         "--total-steps", "192", "--warmup-epochs", "1", "--trace-epochs", "1"]

@@ -25,7 +25,7 @@ from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig
 from reports.render import render
 from decisions.rundata import load
-from rlperf.cli import main
+from command.cli import main
 
 HOSTILE = "<script>alert('pwned')</script>"
 HOSTILE_ENV = "gym:" + HOSTILE.replace(" ", "")
@@ -324,12 +324,18 @@ def test_other_machine_is_refused_unless_allowed(store, summary, tmp_path, capsy
     assert "another machine" in (tmp_path / "r" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("flag, value, field", [("--threshold", "-0.1", "threshold"), ("--alpha", "1.5", "alpha")])
-def test_bad_criteria_are_refused(store, tmp_path, capsys, flag, value, field):
+@pytest.mark.parametrize("flag, value, allowed", [("--threshold", "-0.1", "above 0 and at most 1"),
+                                                   ("--threshold", "2", "above 0 and at most 1"),
+                                                   ("--alpha", "1.5", "above 0 and at most 0.5")])
+def test_bad_criteria_are_refused_as_every_measuring_command_refuses_them(store, tmp_path, capsys, flag, value,
+                                                                          allowed):
     path, baseline, candidate = store
-    assert main(["report", f"{path}::{candidate}", "--baseline", f"{path}::{baseline}", flag, value,
-                 "--out", str(tmp_path / "r")]) == 2
-    one_line_error(capsys, field)
+    with pytest.raises(SystemExit) as refused:
+        main(["report", f"{path}::{candidate}", "--baseline", f"{path}::{baseline}", flag, value,
+              "--out", str(tmp_path / "r")])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err == (f"rlperf report: error: argument {flag}: must be a number {allowed} "
+                                       f"(got {value!r})\n")
 
 
 def test_bad_input_prints_no_traceback_from_the_console_script(tmp_path):

@@ -17,14 +17,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from benches import peaks as probe
-from benches.sweep import Sweep, SweepOptions
+from benches.options import ProcessOptions
+from benches.sweep import Sweep
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.train import Rank, Trainer
 from reports import roofline
 from reports.render import render
 from decisions.rundata import load
 from rlperf import peaks
-from rlperf.cli import main
+from command.cli import main
 from rlperf.machine import Machine
 from rlperf.store import Store
 
@@ -161,6 +162,13 @@ def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
     assert rows[1]["method"]["bytes"] == 8 * 2**20
 
 
+def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_rate():
+    from reports.formatting import fmt_rate_range
+
+    assert fmt_rate_range([6.60e5, 6.75e5, 6.70e5], "op/s") == "1.48 µs/op – 1.52 µs/op"
+    assert fmt_rate_range([1.9e11, 1.8e11], "FLOP/s") == "180 GFLOP/s – 190 GFLOP/s"
+
+
 def test_a_store_from_before_peaks_reads_as_having_none_and_gains_the_table_when_written(tmp_path):
     """The committed reference store predates peaks: read-only it reads, its report says why it has no
     roofline; opened for writing it gains the table and stays schema version 1."""
@@ -219,7 +227,7 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
         threads = 1
         {axes}
     """.replace("\n        ", "\n"))
-    run = Sweep(SweepOptions(suite=str(suite), out_dir=tmp_path / "runs"),
+    run = Sweep(ProcessOptions(suite=str(suite), out_dir=tmp_path / "runs"),
                 machine=Machine(torch=torch.__version__, cuda=None, cudnn=None, nccl=None, gpus=[]))
     assert run.run() == 0
     return run.store_path, run.run_id

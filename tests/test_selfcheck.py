@@ -11,7 +11,7 @@ import torch
 from reference_trainer import selfcheck
 from reference_trainer.config import PHASES
 from reference_trainer.timing import PhaseTimer
-from rlperf.cli import main
+from command.cli import main
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 """`rlperf` console script: one subcommand per tool, each defined in its own folder.
 
 Subcommand modules are imported only when chosen, so `rlperf report` never pays for importing torch.
-Each module provides `configure(parser)` and `run(args) -> int`.
+Each module provides `configure(parser)` and `run(args) -> int`. `python -m rlperf` runs this too
+(rlperf/__main__.py): child trainer processes, torchrun and the older checkouts the gate and bisect measure all
+start `-m rlperf`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""The gate's night: its two stages over a suite's points (decisions/screening.py's rules), a screen of every point
+in a few pairs of processes and a sequential confirmation of the few slowest suspects, with whatever runs the
+processes and keeps them: `rlperf gate` (benches/gate.py) gives it trainer processes and the store, the
+simulations of studies/gate_power.py drawn ones."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from benches import suite as suites
+from benches.options import ProcessOptions
+from benches.pairing import SIDES, Pairing, frames
+from benches.runner import PointRunner
+from decisions import screening as rules
+from decisions.verdicts import PointVerdict, is_contended
+from rlperf.store import PointRecord, utc_now
+
+SCREEN_PAIRS = 3
+MAX_SUSPECTS = 4
+MIN_QUIET = 2
+# Seconds for the whole confirmation stage, shared among the suspects still to confirm.
+BUDGET_S = 1800.0
+
+
+def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS,
+              max_suspects: int = MAX_SUSPECTS) -> rules.GatePlan:
+    """The gate's rules at the thresholds and limits `options` name: a point is a suspect when its screen of
+    `screen_pairs` pairs is slower than the threshold; the `max_suspects` slowest are confirmed."""
+    return rules.GatePlan(threshold=options.threshold, alpha=options.alpha, screen_pairs=screen_pairs,
+                          screen_at=options.threshold, max_suspects=max_suspects, max_pairs=options.max_repeats,
+                          min_quiet=min(MIN_QUIET, screen_pairs))
+
+
+Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
+Record = Callable[[str, str, PointRecord], None]  # stage, side, a finished point
+
+
+class Night:
+    """The gate's two stages over a suite's points, with whatever runs the processes (`runners`, one pair of
+    runners per stage) and keeps them (`record`): trainer processes and the store for `rlperf gate`, drawn ones
+    for the simulations of studies/gate_power.py."""
+
+    def __init__(self, plan: rules.GatePlan, say: Callable[[str], None], rng: random.Random | None = None):
+        self.plan = plan
+        self.say = say
+        self.rng = rng or random.Random()
+
+    def run(self, points: list[suites.Point], runners: Runners, record: Record,
+            skip_reason: Callable[[suites.Point], str | None], gpu_uuids: Callable[[suites.Point], list[str]],
+            budget_s: float, start_confirmation: Callable[[], None] = lambda: None) -> list[rules.GateVerdict]:
+        screen_records = self.screen(points, runners("screen"), record, skip_reason, gpu_uuids)
+        screened = rules.screen(*frames([r["new"] for r in screen_records]),
+                                *frames([r["ref"] for r in screen_records]), self.plan)
+        chosen = rules.suspects(screened, self.plan)
+        confirmed: dict[str, PointVerdict] = {}
+        if chosen:
+            start_confirmation()
+            confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, budget_s)
+        return rules.verdicts(screened, confirmed, self.plan)
+
+    def screen(self, points: list[suites.Point], sides: dict[str, PointRunner], record: Record,
+               skip_reason: Callable[[suites.Point], str | None],
+               gpu_uuids: Callable[[suites.Point], list[str]]) -> list[dict[str, PointRecord]]:
+        pairing = Pairing(sides, None, self.say, rng=self.rng)
+        found = []
+        for index, point in enumerate(points):
+            records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
+            reason = skip_reason(point)
+            if reason is not None:
+                for side in SIDES:
+                    records[side].status, records[side].reason = "skipped", reason
+                self.say(f"skipped {point.label}: {reason}")
+            else:
+                directories = pairing.directories(index, point)
+                pair = quiet = 0
+                # a pair with a contended process is left out, so the screen makes up for it, within limits
+                while quiet < self.plan.screen_pairs and pair < 2 * self.plan.screen_pairs:
+                    if pairing.run_pair(pair, point, records, directories, gpu_uuids(point)) is not None:
+                        break
+                    quiet += not any(is_contended(records[side].samples[-1][1]) for side in SIDES)
+                    pair += 1
+                self.say_screen(point, records)
+            for side in SIDES:
+                record("screen", side, records[side])
+            found.append(records)
+        return found
+
+    def say_screen(self, point: suites.Point, records: dict[str, PointRecord]) -> None:
+        if records["new"].status != "ok" or records["ref"].status != "ok":
+            return
+        ratios = [new[1]["sps"] / ref[1]["sps"] for ref, new in zip(records["ref"].samples, records["new"].samples)]
+        self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios))
+
+    def confirm(self, chosen: list[rules.Screened], points: list[suites.Point], sides: dict[str, PointRunner],
+                record: Record, gpu_uuids: Callable[[suites.Point], list[str]],
+                budget_s: float) -> dict[str, PointVerdict]:
+        design = self.plan.confirmation(len(chosen))
+        self.say(f"confirming {len(chosen)} suspects, each at alpha {design.alpha:.3g} (looks at "
+                 f"{', '.join(map(str, design.looks))} quiet pairs): " + ", ".join(s.label for s in chosen))
+        pairing = Pairing(sides, design, self.say, rng=self.rng)
+        started = time.monotonic()
+        by_key = {point.key: (index, point) for index, point in enumerate(points)}
+        confirmed = {}
+        for done, suspect in enumerate(chosen):
+            index, point = by_key[suspect.point_key]
+            # each suspect may use an equal share of what is left
+            deadline = time.monotonic() + (started + budget_s - time.monotonic()) / (len(chosen) - done)
+            records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
+            confirmed[suspect.key] = pairing.measure(index, point, records, gpu_uuids(point), deadline)
+            for side in SIDES:
+                record("confirm", side, records[side])
+        return confirmed

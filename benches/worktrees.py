@@ -1,0 +1,105 @@
+"""Commits checked out beside the working tree: a detached git worktree of a commit in a temporary directory,
+for the commands that measure another commit than the working tree's (--against, the gate, bisect, confirm).
+
+A process killed by SIGKILL (a CI step's timeout) cannot remove its checkout. Each checkout therefore names its
+owner, and every new checkout first removes those whose owner is gone; a live owner's are never touched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rlperf.errors import BadInput
+from rlperf.machine import REPO_ROOT
+
+PREFIX = "rlperf-worktree-"
+OWNER_FILE = "owner.json"  # beside the checkout: the pid and start time of the process that made it
+# psutil derives a start time from clock ticks since boot: the same process reads the same to well within this
+START_TIME_SLACK_S = 1.0
+
+
+def resolve_commit(ref: str, field: str = "against") -> str:
+    """The commit REF names in this repository; bad input, named by `field`, when it names none."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise BadInput(f"{field}: {ref!r} is not a commit of the repository at {REPO_ROOT}") from None
+    except FileNotFoundError:
+        raise BadInput(f"{field}: needs git, which is not installed") from None
+
+
+def git(*args: str, cwd: Path = REPO_ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def worktree(commit: str, say: Callable[[str], None] = lambda text: None) -> Iterator[Path]:
+    """A detached checkout of `commit` in a temporary directory, removed afterwards. Its directory names its
+    owner, this process, so that what an owner killed before it could remove it leaves is pruned by the next
+    checkout made (`prune_abandoned`, which says what it removed through `say`)."""
+    prune_abandoned(say)
+    parent = Path(tempfile.mkdtemp(prefix=PREFIX))
+    path = parent / "tree"
+    try:
+        (parent / OWNER_FILE).write_text(json.dumps(this_owner()))
+        git("worktree", "add", "--detach", str(path), commit)
+        yield path
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            git("worktree", "remove", "--force", str(path))
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def this_owner() -> dict[str, Any]:
+    """This process as a checkout's owner: a pid is reused once its process is gone, its start time is not."""
+    return {"pid": os.getpid(), "started": psutil.Process().create_time(), "repo": str(REPO_ROOT)}
+
+
+def owner_alive(owner: dict[str, Any]) -> bool:
+    try:
+        started = psutil.Process(owner["pid"]).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+    return abs(started - owner["started"]) < START_TIME_SLACK_S
+
+
+def read_owner(parent: Path) -> dict[str, Any] | None:
+    try:
+        owner = json.loads((parent / OWNER_FILE).read_text())
+        owner["pid"], owner["started"] = int(owner["pid"]), float(owner["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # another user's, or one whose owner was killed before it wrote this: left alone
+    return owner
+
+
+def prune_abandoned(say: Callable[[str], None] = lambda text: None) -> list[Path]:
+    """Removes the checkouts in the temporary directory whose owner is gone (killed by SIGKILL, as a CI step's
+    timeout does, before it could remove them), with git's record of each in the owner's repository, and the
+    records this repository keeps of checkouts whose directory is gone. Returns the directories removed."""
+    removed = []
+    for parent in sorted(Path(tempfile.gettempdir()).glob(PREFIX + "*")):
+        owner = read_owner(parent)
+        if owner is None or owner_alive(owner):
+            continue
+        repo = Path(owner.get("repo") or REPO_ROOT)
+        if (parent / "tree").exists() and repo.is_dir():
+            with contextlib.suppress(subprocess.CalledProcessError, OSError):
+                git("worktree", "remove", "--force", str(parent / "tree"), cwd=repo)
+        shutil.rmtree(parent, ignore_errors=True)
+        removed.append(parent)
+    with contextlib.suppress(subprocess.CalledProcessError, OSError):
+        git("worktree", "prune")
+    if removed:
+        say(f"removed {len(removed)} checkout(s) left by a killed process: " + ", ".join(map(str, removed)))
+    return removed
