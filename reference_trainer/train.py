@@ -24,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
+from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
 from reference_trainer.solving import time_to_solve
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.work import count_work
@@ -38,7 +38,6 @@ from rlperf.machine import cuda_uuid, torch_versions
 from rlperf.torch_api import supported_torch
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
 
 
 def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None,
@@ -188,7 +187,7 @@ class Trainer:
                       host_dones=host_dones, host_valid=host_valid)
         self.views = [SimpleNamespace(**{name: buf[:, rows] for name, buf in by_step.items()},
                                       **{name: buf[rows] for name, buf in by_env.items()}) for rows in groups]
-        steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, step_noise if g == 0 else None, rank)
+        steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, step_noise if g == 0 else None, rank.rank, rank.world_size)
                  for g, view in enumerate(self.views)]
 
         S = cfg.minibatch_sequences_per_rank
@@ -363,17 +362,8 @@ class Trainer:
         self.timer.enter("train_misc")
         advantages = gae(self.rewards, self.values, self.dones, self.step_value, cfg.gamma, cfg.gae_lambda)
         returns = advantages + self.values
-        if self.masked:  # statistics of the real transitions only, their count a device value (no host read)
-            weighted = advantages * self.valid
-            moments = self.rank.all_reduce_sum(torch.stack([weighted.sum(), (weighted * advantages).sum(),
-                                                            self.valid.sum()]))
-            count = moments[2].clamp(min=1)
-        else:
-            moments = self.rank.all_reduce_sum(torch.stack([advantages.sum(), (advantages**2).sum()]))
-            count = advantages.numel() * self.rank.world_size
-        mean = moments[0] / count
-        std = (moments[1] / count - mean**2).clamp(min=0).sqrt()
-        advantages = (advantages - mean) / (std + 1e-8)
+        advantages = normalized(advantages, self.valid if self.masked else None, self.rank.world_size,
+                                self.rank.all_reduce_sum)
 
         batch = self.minibatch.batch
         sources = (("obs", self.obs[:-1]), ("starts", self.starts[:-1]), ("actions", self.actions),
@@ -452,63 +442,6 @@ class Autocast:
                               cache_enabled=self.cache_enabled)
 
 
-class PolicyStep:
-    """One rollout step of one group of environments, from `view.step_obs` to `view.step_action`. The
-    first group (the one given `noise`) draws the step's noise for all, so the actions do not depend on how
-    the environments are grouped."""
-
-    def __init__(self, policy: Policy, view: SimpleNamespace, autocast: Autocast, lstm: bool,
-                 noise: torch.Tensor | None, rank: Rank):
-        self.policy, self.view, self.autocast, self.lstm = policy, view, autocast, lstm
-        self.noise, self.rank = noise, rank
-
-    def run(self) -> None:
-        v = self.view
-        with torch.no_grad():
-            if self.noise is not None:
-                n, num_actions = self.noise.shape
-                self.noise.copy_(torch.rand(self.rank.world_size, n, num_actions, device=self.noise.device)[self.rank.rank])
-            with self.autocast():
-                logits, value, h_new, c_new = self.policy.step(v.step_obs, v.h, v.c, v.step_start)
-            logits = logits.float()
-            action = sample_actions(logits, v.step_noise)
-            v.step_action.copy_(action)
-            v.step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
-            v.step_value.copy_(value.float())
-            if self.lstm:
-                v.h.copy_(h_new)
-                v.c.copy_(c_new)
-
-
-class MinibatchUpdate:
-    """The PPO update of one minibatch gathered into `batch`, in two halves (forward and loss, then backward
-    and the optimizer step) so their phases are timed, and captured, apart."""
-
-    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, policy: Policy, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler, autocast: Autocast, stats: torch.Tensor, batch: dict[str, torch.Tensor]):
-        self.cfg, self.model, self.policy, self.optimizer, self.scaler = cfg, model, policy, optimizer, scaler
-        self.autocast, self.stats, self.batch = autocast, stats, batch
-        self.loss: torch.Tensor | None = None
-
-    def forward_loss(self) -> None:
-        b = self.batch
-        with self.autocast():
-            logits, values = self.model(b["obs"], b["h0"], b["c0"], b["starts"])
-            loss, stats = ppo_loss(self.cfg, logits, values, b["actions"], b["logprobs"], b["advantages"],
-                                   b["returns"], b["values"], b.get("valid"))
-        self.loss = loss
-        self.stats.add_(stats)
-
-    def backward_step(self) -> None:
-        loss, self.loss = self.loss, None
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm, foreach=True)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=False)
-
-
 class FirstCallTimed:
     """torch.compile compiles on the first call; that call's time is kept in `seconds` as compile time."""
 
@@ -522,51 +455,6 @@ class FirstCallTimed:
         start = time.perf_counter()
         self.fn()
         self.seconds = time.perf_counter() - start
-
-
-def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max sampling from uniform noise drawn by the caller (graph-safe, no host sync)."""
-    return (logits - torch.log(-torch.log(noise.clamp_(min=1e-20)))).argmax(dim=-1)
-
-
-def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.Tensor:
-    """Generalised advantage estimates over `[T, N]`; `dones[t]` means the episode ended after step t."""
-    advantages = torch.empty_like(rewards)
-    last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
-        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
-        alive = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_v * alive - values[t]
-        last = delta + gamma * lam * alive * last
-        advantages[t] = last
-    return advantages
-
-
-def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values, valid=None):
-    """PPO's clipped losses; with `valid`, every mean is over the valid samples only."""
-    if valid is None:
-        mean = torch.mean
-    else:
-        count = valid.sum().clamp(min=1)
-
-        def mean(x: torch.Tensor) -> torch.Tensor:
-            return (x * valid).sum() / count
-
-    logprobs_all = F.log_softmax(logits.float(), dim=-1)
-    logprobs = logprobs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    entropy = mean(-(logprobs_all.exp() * logprobs_all).sum(-1))
-    log_ratio = logprobs - old_logprobs
-    ratio = log_ratio.exp()
-    policy_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
-    values = values.float()
-    clipped = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
-    value_loss = 0.5 * mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2))
-    loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
-    with torch.no_grad():
-        approx_kl = mean((ratio - 1) - log_ratio)
-        clipfrac = mean(((ratio - 1).abs() > cfg.clip_coef).float())
-        stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
-    return loss, stats
 
 
 def no_progress_report() -> None:

@@ -9,7 +9,8 @@ import torch
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv
 from reference_trainer.policy import Policy
-from reference_trainer.train import gae, train
+from reference_trainer.ppo import gae
+from reference_trainer.train import train
 
 SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6)
 
