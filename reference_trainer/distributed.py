@@ -38,7 +38,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     import torch.distributed as dist
 
     from reference_trainer.progress import run_with_progress
-    from reference_trainer.train import Rank, training_device
+    from reference_trainer.devices import Rank, training_device
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:

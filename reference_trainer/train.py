@@ -13,12 +13,9 @@ device and are read once per epoch, and the learning rate is a tensor updated in
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import os
 import platform
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
@@ -26,18 +23,19 @@ import numpy as np
 import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
+from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
 from reference_trainer.solving import time_to_solve
 from reference_trainer.timing import PhaseTimer
+from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
 from reference_trainer.work import count_work
 from rlperf import __version__
 from rlperf.cpus import usable_cores
 from rlperf.machine import cuda_uuid, torch_versions
 from rlperf.torch_api import supported_torch
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None,
@@ -76,19 +74,6 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
     if compute_stream is not None:
         torch.cuda.current_stream().wait_stream(compute_stream)
     return summary
-
-
-def open_compute_stream(cfg: TrainConfig, device: torch.device) -> torch.cuda.Stream | None:
-    """A graphed run computes on a side stream from its first kernel, so the eager warm-up epochs and the
-    capture run on one stream, as torch's CUDA-graph notes prescribe: state created lazily per stream
-    (cuBLAS workspaces, autograd's stream bookkeeping) exists before capture instead of inside it."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not cfg.cuda_graphs:
-        return None
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream())
-    return stream
 
 
 class Trainer:
@@ -202,15 +187,8 @@ class Trainer:
                                                 "advantages": torch.zeros(T, S, device=device),
                                                 "returns": torch.zeros(T, S, device=device),
                                                 "values": torch.zeros(T, S, device=device), **minibatch_valid})
-        self.step_fns: list[Callable[[], None]] = [step.run for step in steps]
-        self.forward_fn: Callable[[], None] = self.minibatch.forward_loss
-        self.learn_fn: Callable[[], None] = self.minibatch.backward_step
-        self.first_calls: list[FirstCallTimed] = []
-        if cfg.compile:
-            self.step_fns = [self.first_call_timed(torch.compile(fn)) for fn in self.step_fns]
-            self.forward_fn = self.first_call_timed(torch.compile(self.forward_fn))
-            self.learn_fn = self.first_call_timed(self.learn_fn)  # the compiled backward is built on its first use
-        self.capture_seconds = 0.0
+        self.calls = DeviceCalls([step.run for step in steps], self.minibatch.forward_loss,
+                                 self.minibatch.backward_step, cfg.compile)
 
         self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
         self.profiler = None
@@ -219,48 +197,15 @@ class Trainer:
         self.obs[T].copy_(torch.from_numpy(np.concatenate([env.reset() for env in self.envs])))
         self.starts[T].fill_(1.0)
 
-    def first_call_timed(self, fn: Callable[[], None]) -> "FirstCallTimed":
-        timed = FirstCallTimed(fn)
-        self.first_calls.append(timed)
-        return timed
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.capture_seconds + sum(call.seconds for call in self.first_calls)
-
     def capture(self) -> None:
         """Replaces the eager steps and update with CUDA graphs before the last warm-up epoch (validate() asks
         for two or more with cuda_graphs). The eager epochs before it ran them on the same stream, so Adam's
         state, created at its first step, and compilation are not captured; the warm-up epoch after it replays
         every graph, so the first replays' one-time costs (each graph's upload, and the eager temporaries
-        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts.
-
-        Capture records kernels without running them, so no state advances here. The update is two graphs
-        (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
-        pool because the backward graph reads what the forward graph saved."""
+        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts."""
         if self.cfg.trace_dir:
-            # A trace shows a graph's kernels, all of them and on time, only if the profiler set up CUPTI before
-            # the graph was captured (pytorch#75504); an empty profiling session first is torch's own remedy
-            # (pytorch#100441, torch.profiler._utils._init_for_cuda_graphs), written here with public API.
-            # CUPTI must then stay set up when that session ends: torch.profiler keeps it (TEARDOWN_CUPTI=0)
-            # only for inductor's graphs, and tearing it down under captured graphs undoes the remedy, or
-            # crashes when CUPTI is set up again.
-            os.environ["TEARDOWN_CUPTI"] = "0"
-            with torch.profiler.profile(activities=profiler_activities(self.device)):
-                pass
-        capture_start = time.perf_counter()
-        step_graphs = [torch.cuda.CUDAGraph() for _ in self.step_fns]
-        for graph, step_fn in zip(step_graphs, self.step_fns):
-            with torch.cuda.graph(graph, stream=self.compute_stream):
-                step_fn()
-        forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(forward_graph, stream=self.compute_stream):
-            self.forward_fn()
-        with torch.cuda.graph(learn_graph, pool=forward_graph.pool(), stream=self.compute_stream):
-            self.learn_fn()
-        self.step_fns = [graph.replay for graph in step_graphs]
-        self.forward_fn, self.learn_fn = forward_graph.replay, learn_graph.replay
-        self.capture_seconds += time.perf_counter() - capture_start
+            set_up_cupti_before_capture(self.device)
+        self.calls.capture(self.compute_stream)
 
     def start_steady(self) -> None:
         """The profiler, then the steady clock: the profiler's start is charged to no steady epoch, and
@@ -298,8 +243,8 @@ class Trainer:
         self.step_obs.copy_(self.obs[T])
         self.step_start.copy_(self.starts[T])
         saved_h, saved_c = self.h.clone(), self.c.clone()
-        for step_fn in self.step_fns:
-            step_fn()
+        for step in self.calls.steps:
+            step()
         self.h.copy_(saved_h)
         self.c.copy_(saved_c)
 
@@ -309,7 +254,7 @@ class Trainer:
         self.timer.enter("eval_forward")
         v.step_obs.copy_(v.obs[t])
         v.step_start.copy_(v.starts[t])
-        self.step_fns[group]()
+        self.calls.steps[group]()
         self.timer.enter("eval_misc")
         v.actions[t].copy_(v.step_action)
         v.logprobs[t].copy_(v.step_logprob)
@@ -381,9 +326,9 @@ class Trainer:
                 torch.index_select(self.h0, 0, idx, out=batch["h0"])
                 torch.index_select(self.c0, 0, idx, out=batch["c0"])
                 self.timer.enter("train_forward")
-                self.forward_fn()
+                self.calls.forward()
                 self.timer.enter("learn")
-                self.learn_fn()
+                self.calls.learn()
 
     def end_epoch(self, epoch: int) -> dict:
         """The one read of device statistics this epoch; returns the epoch's record."""
@@ -416,7 +361,7 @@ class Trainer:
         if save_policy and self.rank.rank == 0:
             torch.save(self.policy.state_dict(), save_policy)
         wall = time.perf_counter() - self.process_start
-        summary = summarize(self.cfg, epochs, wall, self.warmup_end - self.process_start, self.compile_seconds,
+        summary = summarize(self.cfg, epochs, wall, self.warmup_end - self.process_start, self.calls.compile_seconds,
                             self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
         summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
         summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
@@ -426,114 +371,6 @@ class Trainer:
         for env in self.envs:
             env.close()
         return summary
-
-
-class Autocast:
-    """The autocast context of forward passes and losses at the configured precision."""
-
-    def __init__(self, device: torch.device, cfg: TrainConfig):
-        self.device_type = device.type
-        self.dtype = AUTOCAST_DTYPES[cfg.dtype]
-        # Cached weight casts would outlive a CUDA graph capture; casts must be part of each replay.
-        self.cache_enabled = not cfg.cuda_graphs
-
-    def __call__(self) -> torch.autocast:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None,
-                              cache_enabled=self.cache_enabled)
-
-
-class FirstCallTimed:
-    """torch.compile compiles on the first call; that call's time is kept in `seconds` as compile time."""
-
-    def __init__(self, fn: Callable[[], None]):
-        self.fn, self.called, self.seconds = fn, False, 0.0
-
-    def __call__(self) -> None:
-        if self.called:
-            return self.fn()
-        self.called = True
-        start = time.perf_counter()
-        self.fn()
-        self.seconds = time.perf_counter() - start
-
-
-def no_progress_report() -> None:
-    pass
-
-
-@dataclass
-class Rank:
-    """Where this process sits among the ranks: its share of the environments, its GPU (`local_rank`, its
-    index on this machine), its collectives, and `beat`, called as work progresses so a launcher can tell
-    a hung rank from a waiting one."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    beat: Callable[[], None] = no_progress_report
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            self.beat()  # entering a collective counts as progress: peers that wait here are not stuck
-            torch.distributed.all_reduce(tensor)
-        return tensor
-
-
-def rank_device(requested: str, local_rank: int) -> str:
-    """The device one rank trains on. `cuda` and `cuda:N` name the first GPU of this machine's ranks and
-    local rank r takes the r-th one after it, so `cuda:2` with two ranks uses GPUs 2 and 3 (the GPUs the
-    bench probe and sampler assign to the point). The config keeps the device as requested."""
-    if requested == "cpu":
-        return "cpu"
-    return f"cuda:{int(requested.partition(':')[2] or 0) + local_rank}"
-
-
-def training_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    """This rank's device, checked before anything creates a CUDA context."""
-    name = rank_device(cfg.device, local_rank)
-    if name == "cpu":
-        return torch.device(name)
-    if not torch.cuda.is_available():
-        raise ConfigError("device", f"{cfg.device} requested but CUDA is not available (allowed here: cpu)")
-    index, visible = torch.device(name).index, torch.cuda.device_count()
-    if index >= visible:
-        raise ConfigError("device", f"{cfg.device} with local rank {local_rank} needs GPU {index}, but {visible} "
-                                    f"are visible (allowed: cuda:0 to cuda:{visible - 1})")
-    return torch.device(name)
-
-
-def trace_file_name(rank: int) -> str:
-    """Rank 0 writes the trace the profiling tools read; every other rank writes its own beside it."""
-    return "trace.json.gz" if rank == 0 else f"trace.rank{rank}.json.gz"
-
-
-def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return activities
-
-
-def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
-    """Starts recording the next `trace_epochs` epochs. The profiler's warm-up step is taken here, outside
-    every epoch, so its start-up cost lands in no traced or timed epoch."""
-    from pathlib import Path
-
-    out = Path(cfg.trace_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    profiler = torch.profiler.profile(
-        activities=profiler_activities(device),
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.trace_epochs, repeat=1),
-        on_trace_ready=functools.partial(export_trace, out / trace_file_name(rank)),
-    )
-    profiler.start()
-    profiler.step()
-    return profiler
-
-
-def export_trace(path, prof) -> None:
-    prof.export_chrome_trace(str(path))
-    prof.trace_path = str(path)
 
 
 def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes, dtype_used, device, timeline,

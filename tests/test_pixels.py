@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
+from reference_trainer.devices import Rank
 from reference_trainer.envs import CatchEnv, SyntheticEnv
 from reference_trainer.policy import Policy
-from reference_trainer.train import Rank, Trainer, train
+from reference_trainer.train import Trainer, train
 
 PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="cnn", num_envs=4, horizon=4,
               minibatch_size=8, hidden_size=32, cnn_channels=8, total_steps=4 * 4 * 3, threads=1)
