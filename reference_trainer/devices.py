@@ -36,6 +36,12 @@ class Rank:
             torch.distributed.all_reduce(tensor)
         return tensor
 
+    def any_rank(self, flag: bool, device: torch.device) -> bool:
+        """Whether `flag` holds on any rank (one collective, and one read of its result, with several)."""
+        if self.world_size == 1:
+            return flag
+        return bool(self.all_reduce_sum(torch.tensor([float(flag)], device=device)).item())
+
     def all_gather(self, record: Any) -> list[Any] | None:
         """Every rank's `record`, in rank order; None for a run of one rank."""
         if self.world_size == 1:

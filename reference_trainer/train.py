@@ -56,7 +56,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         torch.manual_seed(cfg.seed)
         trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start)
         epochs = []
-        for epoch in range(cfg.num_epochs):
+        for epoch in range(cfg.num_epochs):  # or fewer, once a steady window of steady_seconds is full
             if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
                 trainer.capture()
             if epoch == cfg.warmup_epochs:
@@ -67,6 +67,8 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
             epochs.append(trainer.end_epoch(epoch))
             if on_epoch is not None:
                 on_epoch(epochs[-1])
+            if cfg.steady_seconds and epoch >= cfg.warmup_epochs and trainer.steady_window_full(epochs):
+                break
         summary = trainer.finish(epochs, save_policy)
     if compute_stream is not None:
         torch.cuda.current_stream().wait_stream(compute_stream)
@@ -271,6 +273,14 @@ class Trainer:
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
             "end_seconds": time.perf_counter() - self.process_start,
         }
+
+    def steady_window_full(self, epochs: list[dict]) -> bool:
+        """Whether the steady epochs so far reach `steady_seconds`, over at least two of them (and every
+        traced one). Ranks stop together: any rank's full window ends every rank's run."""
+        steady = epochs[self.cfg.warmup_epochs:]
+        enough = max(2, self.cfg.trace_epochs if self.cfg.trace_dir else 0)
+        full = len(steady) >= enough and sum(e["seconds"] for e in steady) >= self.cfg.steady_seconds
+        return self.rank.any_rank(full, self.device)
 
     def finish(self, epochs: list[dict], save_policy: str) -> RunSummary:
         steady_end_ns = time.time_ns()
