@@ -105,6 +105,9 @@ class TrainConfig:
     # measurement
     timers: bool = knob(True, "per-phase timers (--no-timers to measure their cost)")
     warmup_epochs: int = knob(1, "epochs left out of the steady SPS")
+    steady_seconds: float = knob(0.0, "after the warm-up, train whole epochs until the steady epochs' time reaches "
+                                      "this many seconds (at least 2 epochs), total_steps the cap; 0 trains "
+                                      "total_steps")
     inject_delay: dict[str, float] = knob({}, "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch "
                                               "(repeatable; default none)", OBSERVER)
     trace_dir: str = knob("", "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
@@ -277,7 +280,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
               "learning_rate", "world_size", "env_groups", "trace_epochs")
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
-                  "threads", "warmup_epochs", "env_cost_us")
+                  "threads", "warmup_epochs", "env_cost_us", "steady_seconds")
     _positive(cfg, "rank_timeout")
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:

@@ -37,8 +37,8 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     import torch
     import torch.distributed as dist
 
+    from reference_trainer.devices import Rank, training_device
     from reference_trainer.progress import run_with_progress
-    from reference_trainer.train import Rank, training_device
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
@@ -59,11 +59,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     if heartbeat is not None:
         me.beat = heartbeat.beat
     try:
-        summary = run_with_progress(cfg, quiet or rank != 0, me, save_policy)
-        mine = {"rank": rank, "sps": summary["sps"], "phases": summary["phases"],
-                "device_name": summary["device_name"]}
-        everyone: list[dict | None] = [None] * world
-        dist.all_gather_object(everyone, mine)
+        summary = run_with_progress(cfg, quiet or rank != 0, me, save_policy)  # every rank's figures in `ranks`
     finally:
         dist.destroy_process_group()
         if not cfg.is_cuda:
@@ -72,10 +68,7 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
             # interpreter shuts down ("terminate called without an active exception"). Two-rank CPU runs
             # here: 5 of 12 aborted without this pause, none of 10 with it.
             time.sleep(GLOO_SETTLE_S)
-    if rank != 0:
-        return None
-    summary["ranks"] = everyone
-    return summary
+    return summary if rank == 0 else None
 
 
 def launch(cfg: TrainConfig, save_policy: str) -> dict:

@@ -5,40 +5,34 @@ turn so the host can step one group while the device computes another's actions 
 eval_forward, eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
 train_forward, learn), then one read of the epoch's statistics (log).
 
-Built for capture from the first line: every tensor the loops touch is preallocated with a fixed shape,
-the policy step and the minibatch update read and write only those tensors, statistics accumulate on the
-device and are read once per epoch, and the learning rate is a tensor updated in place.
+Built for capture from the first line: every tensor the loops touch is preallocated with a fixed shape
+(experience.py), the policy step and the minibatch update (ppo.py) read and write only those tensors,
+statistics accumulate on the device and are read once per epoch, and the learning rate is a tensor updated
+in place. Where the run computes (rank, device, stream, precision, graphs) is devices.py; its trace is
+tracing.py; its summary is summary.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import os
-import platform
 import time
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
+from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env
+from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
-from reference_trainer.solving import time_to_solve
+from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
+from reference_trainer.summary import RunSummary
 from reference_trainer.timing import PhaseTimer
+from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
 from reference_trainer.work import count_work
-from rlperf import __version__
 from rlperf.cpus import usable_cores
-from rlperf.machine import cuda_uuid, torch_versions
 from rlperf.torch_api import supported_torch
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
 
 
 def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict], None] | None = None,
@@ -62,7 +56,7 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         torch.manual_seed(cfg.seed)
         trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start)
         epochs = []
-        for epoch in range(cfg.num_epochs):
+        for epoch in range(cfg.num_epochs):  # or fewer, once a steady window of steady_seconds is full
             if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
                 trainer.capture()
             if epoch == cfg.warmup_epochs:
@@ -73,23 +67,12 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
             epochs.append(trainer.end_epoch(epoch))
             if on_epoch is not None:
                 on_epoch(epochs[-1])
+            if cfg.steady_seconds and epoch >= cfg.warmup_epochs and trainer.steady_window_full(epochs):
+                break
         summary = trainer.finish(epochs, save_policy)
     if compute_stream is not None:
         torch.cuda.current_stream().wait_stream(compute_stream)
-    return summary
-
-
-def open_compute_stream(cfg: TrainConfig, device: torch.device) -> torch.cuda.Stream | None:
-    """A graphed run computes on a side stream from its first kernel, so the eager warm-up epochs and the
-    capture run on one stream, as torch's CUDA-graph notes prescribe: state created lazily per stream
-    (cuBLAS workspaces, autograd's stream bookkeeping) exists before capture instead of inside it."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not cfg.cuda_graphs:
-        return None
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream())
-    return stream
+    return summary.to_dict()
 
 
 class Trainer:
@@ -106,162 +89,47 @@ class Trainer:
         self.cfg, self.device, self.rank, self.process_start = cfg, device, rank, process_start
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
-
-        # --- environments and policy ---------------------------------------------------------------
-        self.n = n = cfg.envs_per_rank
-        group_size = n // cfg.env_groups
-        groups = [slice(g * group_size, (g + 1) * group_size) for g in range(cfg.env_groups)]
-        self.envs = [make_env(cfg, group_size, env_offset=rank.rank * n + rows.start) for rows in groups]
+        n = cfg.envs_per_rank
+        self.envs = [make_env(cfg, n // cfg.env_groups, env_offset=rank.rank * n + g * (n // cfg.env_groups))
+                     for g in range(cfg.env_groups)]
         env = self.envs[0]
-        obs_shape, num_actions = env.obs_shape, env.num_actions
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
-        # Where an env spends the step after an episode's end on its reset, that step is no transition: the
-        # `valid` buffer gives it no weight in the losses and the advantage statistics.
-        self.masked = env.next_step_reset
-        T, H = cfg.horizon, cfg.hidden_size
-        refusal = cnn_refusal(obs_shape) if cfg.encoder == "cnn" else None
-        if refusal:
-            raise ConfigError("encoder", f"{refusal}; {cfg.env} observations are {list(obs_shape)}")
-        fused_cell = device.type == "cuda" or autocast.dtype is None
-        self.policy = Policy(obs_shape, num_actions, H, cfg.lstm, fused_cell, encoder=cfg.encoder,
-                             cnn_channels=cfg.cnn_channels, pixels=obs_dtype == torch.uint8).to(device)
-        with autocast():
-            self.dtype_used = self.policy.compute_dtype(device)
-        if self.dtype_used != (autocast.dtype or torch.float32):
-            raise ConfigError("dtype", f"{cfg.dtype} was requested but the recurrent core computes in {self.dtype_used}")
-        train_model = self.policy
-        if rank.world_size > 1:
-            train_model = torch.nn.parallel.DistributedDataParallel(
-                self.policy, device_ids=[device.index] if cfg.is_cuda else None, gradient_as_bucket_view=True
-            )
+        self.policy, self.dtype_used = build_policy(cfg, env.obs_shape, env.num_actions, obs_dtype, device, autocast)
+        self.experience = Experience(cfg, env.obs_shape, obs_dtype, env.num_actions, env.next_step_reset, device)
+        parameters = sum(p.numel() for p in self.policy.parameters())
+        self.work = count_work(cfg, env.obs_shape, self.experience.host_obs.element_size(), env.num_actions,
+                               parameters, env.next_step_reset, str(self.dtype_used).removeprefix("torch."),
+                               torch.get_num_threads())
+
+        steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, self.experience.step_noise if g == 0 else None,
+                            rank.rank, rank.world_size)
+                 for g, view in enumerate(self.experience.groups)]
         self.lr = torch.tensor(cfg.learning_rate, device=device)
-        optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.lr, eps=1e-5, capturable=cfg.is_cuda,
-                                     fused=cfg.is_cuda or None)
-        scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
-
-        # --- experience, preallocated on the training device ----------------------------------------
-        # slot T holds the bootstrap observation; pixels stay uint8 here and are scaled inside the policy
-        self.obs = torch.zeros(T + 1, n, *obs_shape, dtype=obs_dtype, device=device)
-        self.starts = torch.zeros(T + 1, n, device=device)
-        self.actions = torch.zeros(T, n, dtype=torch.long, device=device)
-        self.logprobs = torch.zeros(T, n, device=device)
-        self.values = torch.zeros(T, n, device=device)
-        self.rewards = torch.zeros(T, n, device=device)
-        self.dones = torch.zeros(T, n, device=device)
-        self.valid = torch.ones(T, n, device=device)  # 0 where a step only reset its env (written only if masked)
-        self.h0, self.c0 = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
-        self.h, self.c = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
         self.stats = torch.zeros(len(STAT_NAMES), device=device)
+        self.minibatch = MinibatchUpdate(cfg, *learner(cfg, self.policy, self.lr, device, rank), autocast,
+                                         self.stats, self.experience.batch)
+        self.calls = DeviceCalls([step.run for step in steps], self.minibatch.forward_loss,
+                                 self.minibatch.backward_step, cfg.compile)
 
-        # What the policy step reads and writes, so it can be replayed as a CUDA graph.
-        self.step_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, device=device)
-        self.step_start = torch.zeros(n, device=device)
-        self.step_action = torch.zeros(n, dtype=torch.long, device=device)
-        self.step_logprob = torch.zeros(n, device=device)
-        self.step_value = torch.zeros(n, device=device)
-        step_noise = torch.zeros(n, num_actions, device=device)
-
-        # Host side of the copies: pinned staging lets copies run asynchronously (step_envs says why one buffer
-        # of each is enough).
-        pin = cfg.pinned
-        host_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
-        host_rewards = torch.zeros(n, pin_memory=pin)
-        host_dones = torch.zeros(n, pin_memory=pin)
-        host_valid = torch.ones(n, pin_memory=pin)
-        copied_per_step = [host_obs, host_rewards, host_dones] + ([host_valid] if self.masked else [])
-        self.h2d_bytes_per_step = sum(buf[0].nbytes for buf in copied_per_step)
-        self.work = count_work(cfg, obs_shape, host_obs.element_size(), num_actions,
-                               sum(p.numel() for p in self.policy.parameters()), self.masked,
-                               str(self.dtype_used).removeprefix("torch."), torch.get_num_threads())
-        host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
-        self.actions_ready = [torch.cuda.Event() for _ in groups] if cfg.is_cuda else None
-
-        # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host
-        # time, and making a view costs about a microsecond.
-        by_step = dict(obs=self.obs, starts=self.starts, actions=self.actions, logprobs=self.logprobs,
-                       values=self.values, rewards=self.rewards, dones=self.dones, valid=self.valid)
-        by_env = dict(step_obs=self.step_obs, step_start=self.step_start, step_action=self.step_action,
-                      step_logprob=self.step_logprob, step_value=self.step_value, step_noise=step_noise,
-                      h=self.h, c=self.c, host_actions=host_actions, host_obs=host_obs, host_rewards=host_rewards,
-                      host_dones=host_dones, host_valid=host_valid)
-        self.views = [SimpleNamespace(**{name: buf[:, rows] for name, buf in by_step.items()},
-                                      **{name: buf[rows] for name, buf in by_env.items()}) for rows in groups]
-        steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, step_noise if g == 0 else None, rank)
-                 for g, view in enumerate(self.views)]
-
-        S = cfg.minibatch_sequences_per_rank
-        minibatch_valid = {"valid": torch.ones(T, S, device=device)} if self.masked else {}
-        self.minibatch = MinibatchUpdate(cfg, train_model, self.policy, optimizer, scaler, autocast, self.stats,
-                                         batch={"obs": torch.zeros(T, S, *obs_shape, dtype=obs_dtype, device=device),
-                                                "starts": torch.zeros(T, S, device=device),
-                                                "h0": torch.zeros(S, H, device=device),
-                                                "c0": torch.zeros(S, H, device=device),
-                                                "actions": torch.zeros(T, S, dtype=torch.long, device=device),
-                                                "logprobs": torch.zeros(T, S, device=device),
-                                                "advantages": torch.zeros(T, S, device=device),
-                                                "returns": torch.zeros(T, S, device=device),
-                                                "values": torch.zeros(T, S, device=device), **minibatch_valid})
-        self.step_fns: list[Callable[[], None]] = [step.run for step in steps]
-        self.forward_fn: Callable[[], None] = self.minibatch.forward_loss
-        self.learn_fn: Callable[[], None] = self.minibatch.backward_step
-        self.first_calls: list[FirstCallTimed] = []
-        if cfg.compile:
-            self.step_fns = [self.first_call_timed(torch.compile(fn)) for fn in self.step_fns]
-            self.forward_fn = self.first_call_timed(torch.compile(self.forward_fn))
-            self.learn_fn = self.first_call_timed(self.learn_fn)  # the compiled backward is built on its first use
-        self.capture_seconds = 0.0
-
+        self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.is_cuda else None
         self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
-        self.profiler = None
-        self.total_episodes = 0
+        self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
-        self.obs[T].copy_(torch.from_numpy(np.concatenate([env.reset() for env in self.envs])))
-        self.starts[T].fill_(1.0)
-
-    def first_call_timed(self, fn: Callable[[], None]) -> "FirstCallTimed":
-        timed = FirstCallTimed(fn)
-        self.first_calls.append(timed)
-        return timed
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.capture_seconds + sum(call.seconds for call in self.first_calls)
+        T = cfg.horizon
+        self.experience.obs[T].copy_(torch.from_numpy(np.concatenate([env.reset() for env in self.envs])))
+        self.experience.starts[T].fill_(1.0)
 
     def capture(self) -> None:
         """Replaces the eager steps and update with CUDA graphs before the last warm-up epoch (validate() asks
         for two or more with cuda_graphs). The eager epochs before it ran them on the same stream, so Adam's
         state, created at its first step, and compilation are not captured; the warm-up epoch after it replays
         every graph, so the first replays' one-time costs (each graph's upload, and the eager temporaries
-        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts.
-
-        Capture records kernels without running them, so no state advances here. The update is two graphs
-        (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory
-        pool because the backward graph reads what the forward graph saved."""
+        allocated again because capture emptied the allocator's cache) are paid before the steady clock starts."""
         if self.cfg.trace_dir:
-            # A trace shows a graph's kernels, all of them and on time, only if the profiler set up CUPTI before
-            # the graph was captured (pytorch#75504); an empty profiling session first is torch's own remedy
-            # (pytorch#100441, torch.profiler._utils._init_for_cuda_graphs), written here with public API.
-            # CUPTI must then stay set up when that session ends: torch.profiler keeps it (TEARDOWN_CUPTI=0)
-            # only for inductor's graphs, and tearing it down under captured graphs undoes the remedy, or
-            # crashes when CUPTI is set up again.
-            os.environ["TEARDOWN_CUPTI"] = "0"
-            with torch.profiler.profile(activities=profiler_activities(self.device)):
-                pass
-        capture_start = time.perf_counter()
-        step_graphs = [torch.cuda.CUDAGraph() for _ in self.step_fns]
-        for graph, step_fn in zip(step_graphs, self.step_fns):
-            with torch.cuda.graph(graph, stream=self.compute_stream):
-                step_fn()
-        forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(forward_graph, stream=self.compute_stream):
-            self.forward_fn()
-        with torch.cuda.graph(learn_graph, pool=forward_graph.pool(), stream=self.compute_stream):
-            self.learn_fn()
-        self.step_fns = [graph.replay for graph in step_graphs]
-        self.forward_fn, self.learn_fn = forward_graph.replay, learn_graph.replay
-        self.capture_seconds += time.perf_counter() - capture_start
+            set_up_cupti_before_capture(self.device)
+        self.calls.capture(self.compute_stream)
 
     def start_steady(self) -> None:
         """The profiler, then the steady clock: the profiler's start is charged to no steady epoch, and
@@ -278,12 +146,9 @@ class Trainer:
 
     def rollout(self) -> None:
         """`horizon` steps of every environment, then the value of the observation after them."""
-        T = self.cfg.horizon
+        T, x = self.cfg.horizon, self.experience
         self.timer.enter("eval_misc")
-        self.obs[0].copy_(self.obs[T])
-        self.starts[0].copy_(self.starts[T])
-        self.h0.copy_(self.h)
-        self.c0.copy_(self.c)
+        x.start_rollout()
         # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
         # only after the host has waited for this epoch's first actions, computed after that update.
         for group in range(len(self.envs)):
@@ -295,22 +160,29 @@ class Trainer:
                 if t + 1 < T:
                     self.launch_step(group, t + 1)
 
+        # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
+        # step_value: those calls are the ones already compiled or captured, where a value-only forward would
+        # be one more program to compile and capture for one call an epoch. What else they do is undone or
+        # kept on purpose: the recurrent state is put back, since the next epoch's first step reads this
+        # observation again from the state before it; the noise they draw advances the random generator the
+        # update's minibatch order and the next epoch's actions come from, so leaving it out would change
+        # every later epoch.
         self.timer.enter("eval_forward")
-        self.step_obs.copy_(self.obs[T])
-        self.step_start.copy_(self.starts[T])
-        saved_h, saved_c = self.h.clone(), self.c.clone()
-        for step_fn in self.step_fns:
-            step_fn()
-        self.h.copy_(saved_h)
-        self.c.copy_(saved_c)
+        x.step_obs.copy_(x.obs[T])
+        x.step_start.copy_(x.starts[T])
+        saved_h, saved_c = x.h.clone(), x.c.clone()
+        for step in self.calls.steps:
+            step()
+        x.h.copy_(saved_h)
+        x.c.copy_(saved_c)
 
     def launch_step(self, group: int, t: int) -> None:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""
-        v = self.views[group]
+        v = self.experience.groups[group]
         self.timer.enter("eval_forward")
         v.step_obs.copy_(v.obs[t])
         v.step_start.copy_(v.starts[t])
-        self.step_fns[group]()
+        self.calls.steps[group]()
         self.timer.enter("eval_misc")
         v.actions[t].copy_(v.step_action)
         v.logprobs[t].copy_(v.step_logprob)
@@ -324,7 +196,7 @@ class Trainer:
     def step_envs(self, group: int, t: int) -> None:
         """Steps one group's environments with the actions of step t, and queues the copy of what they
         return into slot t + 1 of the experience."""
-        v, nb = self.views[group], self.cfg.non_blocking
+        v, nb, masked = self.experience.groups[group], self.cfg.non_blocking, self.experience.masked
         if nb:
             self.actions_ready[group].synchronize()
         self.timer.enter("env")
@@ -336,19 +208,19 @@ class Trainer:
         v.host_obs.numpy()[:] = next_obs
         v.host_rewards.numpy()[:] = rewards
         v.host_dones.numpy()[:] = dones
-        if self.masked:
+        if masked:
             v.host_valid.numpy()[:] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
             v.obs[t + 1].copy_(v.host_obs, non_blocking=nb)
             v.rewards[t].copy_(v.host_rewards, non_blocking=nb)
             v.dones[t].copy_(v.host_dones, non_blocking=nb)
-            if self.masked:
+            if masked:
                 v.valid[t].copy_(v.host_valid, non_blocking=nb)
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
-        if self.masked:  # the observation after a reset-only step is the new episode's first
+        if masked:  # the observation after a reset-only step is the new episode's first
             torch.mul(v.valid[t], -1.0, out=v.starts[t + 1]).add_(1.0)
         else:
             v.starts[t + 1].copy_(v.dones[t])
@@ -359,41 +231,25 @@ class Trainer:
 
     def update(self) -> None:
         """Advantages, then `update_epochs` passes of minibatches of whole sequences."""
-        cfg, n, S = self.cfg, self.n, self.cfg.minibatch_sequences_per_rank
+        cfg, x = self.cfg, self.experience
+        n, S = cfg.envs_per_rank, cfg.minibatch_sequences_per_rank
         self.timer.enter("train_misc")
-        advantages = gae(self.rewards, self.values, self.dones, self.step_value, cfg.gamma, cfg.gae_lambda)
-        returns = advantages + self.values
-        if self.masked:  # statistics of the real transitions only, their count a device value (no host read)
-            weighted = advantages * self.valid
-            moments = self.rank.all_reduce_sum(torch.stack([weighted.sum(), (weighted * advantages).sum(),
-                                                            self.valid.sum()]))
-            count = moments[2].clamp(min=1)
-        else:
-            moments = self.rank.all_reduce_sum(torch.stack([advantages.sum(), (advantages**2).sum()]))
-            count = advantages.numel() * self.rank.world_size
-        mean = moments[0] / count
-        std = (moments[1] / count - mean**2).clamp(min=0).sqrt()
-        advantages = (advantages - mean) / (std + 1e-8)
-
-        batch = self.minibatch.batch
-        sources = (("obs", self.obs[:-1]), ("starts", self.starts[:-1]), ("actions", self.actions),
-                   ("logprobs", self.logprobs), ("advantages", advantages), ("returns", returns),
-                   ("values", self.values)) + ((("valid", self.valid),) if self.masked else ())
+        advantages = gae(x.rewards, x.values, x.dones, x.step_value, cfg.gamma, cfg.gae_lambda)
+        returns = advantages + x.values
+        advantages = normalized(advantages, x.valid if x.masked else None, self.rank.world_size,
+                                self.rank.all_reduce_sum)
+        sources = x.by_sequence(advantages, returns)
         self.stats.zero_()
         for _ in range(cfg.update_epochs):
             order = torch.randperm(n, device=self.device)
             for start in range(0, n, S):
                 self.rank.beat()
                 self.timer.enter("train_misc")
-                idx = order[start:start + S]
-                for name, source in sources:
-                    torch.index_select(source, 1, idx, out=batch[name])
-                torch.index_select(self.h0, 0, idx, out=batch["h0"])
-                torch.index_select(self.c0, 0, idx, out=batch["c0"])
+                x.gather_minibatch(sources, order[start:start + S])
                 self.timer.enter("train_forward")
-                self.forward_fn()
+                self.calls.forward()
                 self.timer.enter("learn")
-                self.learn_fn()
+                self.calls.learn()
 
     def end_epoch(self, epoch: int) -> dict:
         """The one read of device statistics this epoch; returns the epoch's record."""
@@ -403,10 +259,9 @@ class Trainer:
         totals = torch.cat([self.stats, torch.tensor([finished.sum(), finished.size], device=self.device,
                                                      dtype=self.stats.dtype)])
         totals = self.rank.all_reduce_sum(totals).cpu()
-        updates = cfg.update_epochs * (self.n // cfg.minibatch_sequences_per_rank) * self.rank.world_size
+        updates = cfg.update_epochs * (cfg.envs_per_rank // cfg.minibatch_sequences_per_rank) * self.rank.world_size
         losses = {name: float(totals[i]) / updates for i, name in enumerate(STAT_NAMES)}
         episodes_done = int(totals[-1])
-        self.total_episodes += episodes_done
         if cfg.anneal_lr:
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
@@ -419,268 +274,59 @@ class Trainer:
             "end_seconds": time.perf_counter() - self.process_start,
         }
 
-    def finish(self, epochs: list[dict], save_policy: str) -> dict:
+    def steady_window_full(self, epochs: list[dict]) -> bool:
+        """Whether the steady epochs so far reach `steady_seconds`, over at least two of them (and every
+        traced one). Ranks stop together: any rank's full window ends every rank's run."""
+        steady = epochs[self.cfg.warmup_epochs:]
+        enough = max(2, self.cfg.trace_epochs if self.cfg.trace_dir else 0)
+        full = len(steady) >= enough and sum(e["seconds"] for e in steady) >= self.cfg.steady_seconds
+        return self.rank.any_rank(full, self.device)
+
+    def finish(self, epochs: list[dict], save_policy: str) -> RunSummary:
         steady_end_ns = time.time_ns()
         if self.profiler is not None:
             self.profiler.stop()
         if save_policy and self.rank.rank == 0:
             torch.save(self.policy.state_dict(), save_policy)
         wall = time.perf_counter() - self.process_start
-        summary = summarize(self.cfg, epochs, wall, self.warmup_end - self.process_start, self.compile_seconds,
-                            self.total_episodes, self.dtype_used, self.device, self.timer.timeline, self.profiler)
-        summary["steady_window_unix_ns"] = [self.steady_start_ns, steady_end_ns]
-        summary["h2d_bytes_per_step"] = self.h2d_bytes_per_step
-        summary["work"] = self.work
-        summary["parameters"] = sum(p.numel() for p in self.policy.parameters())
-        summary["time_to_solve"] = time_to_solve(self.cfg, epochs, summary["sps"])
         for env in self.envs:
             env.close()
-        return summary
+        return RunSummary.of_run(
+            self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
+            compile_seconds=self.calls.compile_seconds, dtype_used=self.dtype_used, device=self.device,
+            steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
+            h2d_bytes_per_step=self.experience.h2d_bytes_per_step, work=self.work,
+            parameters=sum(p.numel() for p in self.policy.parameters()), profiler=self.profiler,
+            timeline=self.timer.timeline, rank=self.rank)
 
 
-class Autocast:
-    """The autocast context of forward passes and losses at the configured precision."""
-
-    def __init__(self, device: torch.device, cfg: TrainConfig):
-        self.device_type = device.type
-        self.dtype = AUTOCAST_DTYPES[cfg.dtype]
-        # Cached weight casts would outlive a CUDA graph capture; casts must be part of each replay.
-        self.cache_enabled = not cfg.cuda_graphs
-
-    def __call__(self) -> torch.autocast:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None,
-                              cache_enabled=self.cache_enabled)
-
-
-class PolicyStep:
-    """One rollout step of one group of environments, from `view.step_obs` to `view.step_action`. The
-    first group (the one given `noise`) draws the step's noise for all, so the actions do not depend on how
-    the environments are grouped."""
-
-    def __init__(self, policy: Policy, view: SimpleNamespace, autocast: Autocast, lstm: bool,
-                 noise: torch.Tensor | None, rank: Rank):
-        self.policy, self.view, self.autocast, self.lstm = policy, view, autocast, lstm
-        self.noise, self.rank = noise, rank
-
-    def run(self) -> None:
-        v = self.view
-        with torch.no_grad():
-            if self.noise is not None:
-                n, num_actions = self.noise.shape
-                self.noise.copy_(torch.rand(self.rank.world_size, n, num_actions, device=self.noise.device)[self.rank.rank])
-            with self.autocast():
-                logits, value, h_new, c_new = self.policy.step(v.step_obs, v.h, v.c, v.step_start)
-            logits = logits.float()
-            action = sample_actions(logits, v.step_noise)
-            v.step_action.copy_(action)
-            v.step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
-            v.step_value.copy_(value.float())
-            if self.lstm:
-                v.h.copy_(h_new)
-                v.c.copy_(c_new)
+def build_policy(cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int, obs_dtype: torch.dtype,
+                 device: torch.device, autocast: Autocast) -> tuple[Policy, torch.dtype]:
+    """The policy on `device`, and the dtype its recurrent core really computes in, checked against the
+    requested one."""
+    refusal = cnn_refusal(obs_shape) if cfg.encoder == "cnn" else None
+    if refusal:
+        raise ConfigError("encoder", f"{refusal}; {cfg.env} observations are {list(obs_shape)}")
+    fused_cell = device.type == "cuda" or autocast.dtype is None
+    policy = Policy(obs_shape, num_actions, cfg.hidden_size, cfg.lstm, fused_cell, encoder=cfg.encoder,
+                    cnn_channels=cfg.cnn_channels, pixels=obs_dtype == torch.uint8).to(device)
+    with autocast():
+        dtype_used = policy.compute_dtype(device)
+    if dtype_used != (autocast.dtype or torch.float32):
+        raise ConfigError("dtype", f"{cfg.dtype} was requested but the recurrent core computes in {dtype_used}")
+    return policy, dtype_used
 
 
-class MinibatchUpdate:
-    """The PPO update of one minibatch gathered into `batch`, in two halves (forward and loss, then backward
-    and the optimizer step) so their phases are timed, and captured, apart."""
-
-    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, policy: Policy, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler, autocast: Autocast, stats: torch.Tensor, batch: dict[str, torch.Tensor]):
-        self.cfg, self.model, self.policy, self.optimizer, self.scaler = cfg, model, policy, optimizer, scaler
-        self.autocast, self.stats, self.batch = autocast, stats, batch
-        self.loss: torch.Tensor | None = None
-
-    def forward_loss(self) -> None:
-        b = self.batch
-        with self.autocast():
-            logits, values = self.model(b["obs"], b["h0"], b["c0"], b["starts"])
-            loss, stats = ppo_loss(self.cfg, logits, values, b["actions"], b["logprobs"], b["advantages"],
-                                   b["returns"], b["values"], b.get("valid"))
-        self.loss = loss
-        self.stats.add_(stats)
-
-    def backward_step(self) -> None:
-        loss, self.loss = self.loss, None
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm, foreach=True)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=False)
-
-
-class FirstCallTimed:
-    """torch.compile compiles on the first call; that call's time is kept in `seconds` as compile time."""
-
-    def __init__(self, fn: Callable[[], None]):
-        self.fn, self.called, self.seconds = fn, False, 0.0
-
-    def __call__(self) -> None:
-        if self.called:
-            return self.fn()
-        self.called = True
-        start = time.perf_counter()
-        self.fn()
-        self.seconds = time.perf_counter() - start
-
-
-def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max sampling from uniform noise drawn by the caller (graph-safe, no host sync)."""
-    return (logits - torch.log(-torch.log(noise.clamp_(min=1e-20)))).argmax(dim=-1)
-
-
-def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.Tensor:
-    """Generalised advantage estimates over `[T, N]`; `dones[t]` means the episode ended after step t."""
-    advantages = torch.empty_like(rewards)
-    last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
-        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
-        alive = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_v * alive - values[t]
-        last = delta + gamma * lam * alive * last
-        advantages[t] = last
-    return advantages
-
-
-def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values, valid=None):
-    """PPO's clipped losses; with `valid`, every mean is over the valid samples only."""
-    if valid is None:
-        mean = torch.mean
-    else:
-        count = valid.sum().clamp(min=1)
-
-        def mean(x: torch.Tensor) -> torch.Tensor:
-            return (x * valid).sum() / count
-
-    logprobs_all = F.log_softmax(logits.float(), dim=-1)
-    logprobs = logprobs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    entropy = mean(-(logprobs_all.exp() * logprobs_all).sum(-1))
-    log_ratio = logprobs - old_logprobs
-    ratio = log_ratio.exp()
-    policy_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
-    values = values.float()
-    clipped = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
-    value_loss = 0.5 * mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2))
-    loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
-    with torch.no_grad():
-        approx_kl = mean((ratio - 1) - log_ratio)
-        clipfrac = mean(((ratio - 1).abs() > cfg.clip_coef).float())
-        stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
-    return loss, stats
-
-
-def no_progress_report() -> None:
-    pass
-
-
-@dataclass
-class Rank:
-    """Where this process sits among the ranks: its share of the environments, its GPU (`local_rank`, its
-    index on this machine), its collectives, and `beat`, called as work progresses so a launcher can tell
-    a hung rank from a waiting one."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    beat: Callable[[], None] = no_progress_report
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            self.beat()  # entering a collective counts as progress: peers that wait here are not stuck
-            torch.distributed.all_reduce(tensor)
-        return tensor
-
-
-def rank_device(requested: str, local_rank: int) -> str:
-    """The device one rank trains on. `cuda` and `cuda:N` name the first GPU of this machine's ranks and
-    local rank r takes the r-th one after it, so `cuda:2` with two ranks uses GPUs 2 and 3 (the GPUs the
-    bench probe and sampler assign to the point). The config keeps the device as requested."""
-    if requested == "cpu":
-        return "cpu"
-    return f"cuda:{int(requested.partition(':')[2] or 0) + local_rank}"
-
-
-def training_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    """This rank's device, checked before anything creates a CUDA context."""
-    name = rank_device(cfg.device, local_rank)
-    if name == "cpu":
-        return torch.device(name)
-    if not torch.cuda.is_available():
-        raise ConfigError("device", f"{cfg.device} requested but CUDA is not available (allowed here: cpu)")
-    index, visible = torch.device(name).index, torch.cuda.device_count()
-    if index >= visible:
-        raise ConfigError("device", f"{cfg.device} with local rank {local_rank} needs GPU {index}, but {visible} "
-                                    f"are visible (allowed: cuda:0 to cuda:{visible - 1})")
-    return torch.device(name)
-
-
-def trace_file_name(rank: int) -> str:
-    """Rank 0 writes the trace the profiling tools read; every other rank writes its own beside it."""
-    return "trace.json.gz" if rank == 0 else f"trace.rank{rank}.json.gz"
-
-
-def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return activities
-
-
-def start_profiler(cfg: TrainConfig, device: torch.device, rank: int):
-    """Starts recording the next `trace_epochs` epochs. The profiler's warm-up step is taken here, outside
-    every epoch, so its start-up cost lands in no traced or timed epoch."""
-    from pathlib import Path
-
-    out = Path(cfg.trace_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    profiler = torch.profiler.profile(
-        activities=profiler_activities(device),
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.trace_epochs, repeat=1),
-        on_trace_ready=functools.partial(export_trace, out / trace_file_name(rank)),
-    )
-    profiler.start()
-    profiler.step()
-    return profiler
-
-
-def export_trace(path, prof) -> None:
-    prof.export_chrome_trace(str(path))
-    prof.trace_path = str(path)
-
-
-def summarize(cfg, epochs, wall, warmup_seconds, compile_seconds, total_episodes, dtype_used, device, timeline,
-              profiler) -> dict:
-    steady = [e for e in epochs if not e["warmup"]]
-    steady_seconds = sum(e["seconds"] for e in steady)
-    steady_steps = sum(e["steps"] for e in steady)
-    phases = {name: sum(e["phases"][name] for e in steady) for name in epochs[0]["phases"]}
-    tail = epochs[-max(1, math.ceil(len(epochs) / 10)):]
-    tail_returns = [e["mean_episode_return"] for e in tail if e["mean_episode_return"] is not None]
-    summary = {
-        "schema": 1,
-        "config": cfg.to_dict(),
-        "sps": steady_steps / steady_seconds,
-        "sps_end_to_end": sum(e["steps"] for e in epochs) / wall,
-        "warmup_seconds": warmup_seconds,
-        "compile_seconds": compile_seconds,
-        "wall_seconds": wall,
-        "steps": sum(e["steps"] for e in epochs),
-        "steady_steps": steady_steps,
-        "steady_seconds": steady_seconds,
-        "phases": phases,
-        "phase_coverage": sum(phases.values()) / steady_seconds if cfg.timers else None,
-        "epochs": epochs,
-        "mean_episode_return": float(np.mean(tail_returns)) if tail_returns else None,
-        "episodes": total_episodes,
-        "losses": epochs[-1]["losses"],
-        "dtype_used": str(dtype_used).removeprefix("torch."),
-        "world_size": cfg.world_size,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "device_uuid": cuda_uuid(device) if device.type == "cuda" else None,
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
-                     **torch_versions()},
-    }
-    if profiler is not None:
-        summary["trace"] = getattr(profiler, "trace_path", None)
-        summary["timeline"] = [list(mark) for mark in timeline]
-    return summary
+def learner(cfg: TrainConfig, policy: Policy, lr: torch.Tensor, device: torch.device, rank: Rank) -> tuple:
+    """What the minibatch update trains with: the model its forward runs (the policy, wrapped for
+    DistributedDataParallel with several ranks), the policy, Adam (fused and capturable on CUDA, reading its
+    learning rate from the tensor `lr`), and the loss scaler (on for fp16 only)."""
+    model = policy
+    if rank.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            policy, device_ids=[device.index] if cfg.is_cuda else None, gradient_as_bucket_view=True
+        )
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5, capturable=cfg.is_cuda,
+                                 fused=cfg.is_cuda or None)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
+    return model, policy, optimizer, scaler

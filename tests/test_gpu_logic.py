@@ -15,7 +15,9 @@ from rlperf.machine import Machine
 from rlperf.processes import RANK_DIR_ENV, rank_gpu
 from rlperf.store import Store
 from reference_trainer.config import ConfigError, TrainConfig, validate
-from reference_trainer.train import rank_device, trace_file_name, train, training_device
+from reference_trainer.devices import rank_device, training_device
+from reference_trainer.tracing import trace_file_name
+from reference_trainer.train import train
 
 SMALL = dict(env="synthetic", num_envs=8, horizon=4, minibatch_size=16, hidden_size=8, total_steps=96, threads=1)
 

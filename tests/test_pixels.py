@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
+from reference_trainer.devices import Rank
 from reference_trainer.envs import CatchEnv, SyntheticEnv
 from reference_trainer.policy import Policy
-from reference_trainer.train import Rank, Trainer, train
+from reference_trainer.train import Trainer, train
 
 PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="cnn", num_envs=4, horizon=4,
               minibatch_size=8, hidden_size=32, cnn_channels=8, total_steps=4 * 4 * 3, threads=1)
@@ -20,19 +21,19 @@ def test_pixels_stay_uint8_from_the_env_to_the_minibatch():
     cfg = validate(TrainConfig(**PIXELS))
     trainer = Trainer(cfg, torch.device("cpu"), Rank(), None, 0, time.perf_counter())
     frame = (4, 84, 84)
-    assert trainer.obs.dtype == torch.uint8 and trainer.obs.shape == (5, 4, *frame)
-    assert trainer.step_obs.dtype == torch.uint8 and trainer.step_obs.shape == (4, *frame)
-    assert trainer.views[0].host_obs.dtype == torch.uint8 and trainer.views[0].host_obs.shape == (4, *frame)
-    batch_obs = trainer.minibatch.batch["obs"]
+    assert trainer.experience.obs.dtype == torch.uint8 and trainer.experience.obs.shape == (5, 4, *frame)
+    assert trainer.experience.step_obs.dtype == torch.uint8 and trainer.experience.step_obs.shape == (4, *frame)
+    assert trainer.experience.groups[0].host_obs.dtype == torch.uint8 and trainer.experience.groups[0].host_obs.shape == (4, *frame)
+    batch_obs = trainer.experience.batch["obs"]
     assert batch_obs.dtype == torch.uint8 and batch_obs.shape == (4, 2, *frame)
     trainer.rollout()
     # what the env gave is what the buffers hold, byte for byte
     env = SyntheticEnv(4, cfg.seed, frame, cfg.num_actions, 0.0, obs_dtype=np.dtype(np.uint8))
     first = env.reset()
-    np.testing.assert_array_equal(trainer.obs[0].numpy(), first)
+    np.testing.assert_array_equal(trainer.experience.obs[0].numpy(), first)
     trainer.update()
     # obs bytes, then rewards and dones as float32
-    assert trainer.h2d_bytes_per_step == 4 * 84 * 84 + 2 * 4
+    assert trainer.experience.h2d_bytes_per_step == 4 * 84 * 84 + 2 * 4
 
 
 def test_the_policy_scales_pixels_on_the_device_as_floats_would_be_scaled():

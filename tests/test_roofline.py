@@ -20,7 +20,8 @@ from benches import peaks as probe
 from benches.options import ProcessOptions
 from benches.sweep import Sweep
 from reference_trainer.config import TrainConfig, validate
-from reference_trainer.train import Rank, Trainer
+from reference_trainer.devices import Rank
+from reference_trainer.train import Trainer
 from reports import roofline
 from reports.render import render
 from decisions.rundata import load
@@ -104,7 +105,7 @@ def test_counted_flops_and_kernels_match_what_torch_runs(settings):
     """Per call of each phase: FLOPs equal FlopCounterMode's on the trainer's own rollout step, forward+loss
     and backward+optimizer step, and the kernels listed are the ones dispatched, shape for shape."""
     t = trainer(**settings)
-    calls = {"eval_forward": t.step_fns[0], "train_forward": t.minibatch.forward_loss, "learn": t.learn_fn}
+    calls = {"eval_forward": t.calls.steps[0], "train_forward": t.minibatch.forward_loss, "learn": t.calls.learn}
     for phase, call in calls.items():
         counted = t.work["phases"][phase]
         per_call = counted["flops"] / counted["calls"]

@@ -9,7 +9,8 @@ import torch
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv
 from reference_trainer.policy import Policy
-from reference_trainer.train import gae, train
+from reference_trainer.ppo import gae
+from reference_trainer.train import train
 
 SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6)
 
@@ -144,6 +145,22 @@ def test_injected_delay_lands_in_its_phase():
     assert 0.95 * 0.050 <= extra < 2 * 0.050
 
 
+def test_a_steady_window_ends_the_run_at_the_first_epoch_that_fills_it():
+    # every steady epoch sleeps 20 ms, so 0.05 s of steady epochs fill within 3 of the cap's 39
+    cap = 16 * 8 * 40
+    summary = train(small(total_steps=cap, steady_seconds=0.05, inject_delay={"learn": 20.0}))
+    steady = [e["seconds"] for e in summary["epochs"] if not e["warmup"]]
+    assert 2 <= len(steady) <= 3 and sum(steady) >= 0.05
+    assert len(steady) == 2 or sum(steady[:-1]) < 0.05
+    assert summary["steps"] == len(summary["epochs"]) * 16 * 8 < cap
+    assert summary["steady_steps"] == len(steady) * 16 * 8 and summary["steady_seconds"] == pytest.approx(sum(steady))
+
+
+def test_total_steps_caps_a_steady_window_that_never_fills():
+    summary = train(small(total_steps=16 * 8 * 4, steady_seconds=1e6))
+    assert summary["steps"] == 16 * 8 * 4 and len(summary["epochs"]) == 4
+
+
 def test_same_seed_gives_identical_losses():
     a, b = train(small(env="memory")), train(small(env="memory"))
     assert [e["losses"] for e in a["epochs"]] == [e["losses"] for e in b["epochs"]]
@@ -222,6 +239,7 @@ def test_bad_settings_name_their_field(values, field):
         (["--device", "cuda"], "device: cuda requested but CUDA is not available"),
         (["--inject-delay", "learn"], "inject_delay: expected PHASE=MS"),
         (["--num-envs", "lots"], "--num-envs: invalid int value"),
+        (["--steady-seconds", "-1"], "steady_seconds: must be zero or more (got -1.0)"),
     ],
 )
 def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
