@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benches import suite as suites
+from benches import forecast, suite as suites
 from benches.against import Pairing, frames, resolve_commit, worktree
 from benches.peaks import fill_missing
 from benches.cli import add_process_options, sigterm_interrupts, utf8_text
@@ -212,11 +212,17 @@ class Gate:
                 self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {opts.baseline} "
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
+                predicted = forecast.predict(store, machine_key(current), [p for p in suite.points if
+                                             machine.skip_reason(p.config) is None], plan, opts.budget_s)
+                for line in predicted.lines():
+                    self.say(line)
+                started = time.monotonic()
                 night = Night(plan, self.say)
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), opts.budget_s,
                               start_confirmation=lambda: create("confirm"))
+                    self.say(predicted.review(store, self.runs, time.monotonic() - started))
                     fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
                     for run_id in self.runs.values():
