@@ -39,11 +39,11 @@ from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key, probe
 from rlperf.store import PointRecord, Store, utc_now
 
-SCREEN_PAIRS = 3
-MAX_SUSPECTS = 4
+SCREEN_PAIRS = 4
+MAX_SUSPECTS = 2
 MIN_QUIET = 2
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
-BUDGET_S = 1800.0
+BUDGET_S = 900.0
 SIDES = ("ref", "new")
 
 

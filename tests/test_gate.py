@@ -88,7 +88,7 @@ def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
     machine = SimulatedMachine(always, np.random.default_rng(1))
     found = night(machine, points=NIGHTLY[:3])
     assert rules.exit_code(found) == rules.EXIT_UNMEASURED
-    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 6") for v in found)
+    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 8") for v in found)
     assert rules.conclusion(found).startswith("gate: could not measure 3 points")
 
 
