@@ -34,10 +34,15 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def bench(session: nox.Session) -> None:
-    """Runs the smoke suite on the first GPU when there is one, else on the CPU, and renders its report.
-    Extra args replace those: `nox -s bench -- --suite nightly --out DIR`."""
+    """Runs the smoke suite that fits this machine and renders its report: `gpu-smoke` (LSTM-128 at 1024-4096
+    envs, eager and graphed, fp32 and bf16) when torch sees a GPU, else `smoke` on the CPU (benches/suite.py,
+    smoke_suite). Extra args replace those: `nox -s bench -- --suite nightly --out DIR`."""
     install(session, "profile,atari")
-    args = session.posargs or ["--suite", "smoke", "--device", "auto"]
+    args = session.posargs
+    if not args:
+        chosen = session.run("python", "-c", "from benches.suite import machine_smoke_suite; "
+                             "print(machine_smoke_suite())", silent=True)
+        args = ["--suite", chosen.strip().splitlines()[-1], "--device", "auto"]
     session.run("rlperf", "bench", *args)
 
 

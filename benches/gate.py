@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from rich.console import Console
 
-from benches import suite as suites
+from benches import forecast, suite as suites
 from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
@@ -104,11 +105,17 @@ class Gate:
                 self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
+                predicted = forecast.predict(store, machine_key(current), [p for p in suite.points if
+                                             machine.skip_reason(p.config) is None], plan, opts.budget_s)
+                for line in predicted.lines():
+                    self.say(line)
+                started = time.monotonic()
                 night = Night(plan, self.say)
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), opts.budget_s,
                               start_confirmation=lambda: create("confirm"))
+                    self.say(predicted.review(store, self.runs, time.monotonic() - started))
                     fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
                     for run_id in self.runs.values():

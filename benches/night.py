@@ -17,11 +17,11 @@ from decisions import screening as rules
 from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
-SCREEN_PAIRS = 3
-MAX_SUSPECTS = 4
+SCREEN_PAIRS = 4
+MAX_SUSPECTS = 2
 MIN_QUIET = 2
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
-BUDGET_S = 1800.0
+BUDGET_S = 900.0
 
 
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS,

@@ -41,6 +41,9 @@ TOP_LEVEL = {
     "exclude": "rules (setting = value or [values]) removing the points that match all of them",
 }
 DEFAULTS = {"description": "", "repeats": 3, "timeout_s": 600.0, "sample_hz": 5.0, "profile": False}
+# What `nox -s bench` runs by default: the CPU smoke sizes (16-64 envs) ran slower on an H100 than on 2 CPU cores
+# and taught nothing about the GPU, so a machine whose first device is a GPU gets sizes where a GPU means something.
+SMOKE_SUITES = {"cpu": "smoke", "cuda": "gpu-smoke"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,18 @@ class Suite:
 
 def available_suites() -> list[str]:
     return sorted(path.stem for path in SUITES_DIR.glob("*.toml"))
+
+
+def smoke_suite(device: str) -> str:
+    """The smoke suite for a machine whose `--device auto` resolves to `device` (cpu, cuda or cuda:N)."""
+    return SMOKE_SUITES["cuda" if device.startswith("cuda") else "cpu"]
+
+
+def machine_smoke_suite() -> str:
+    """The smoke suite for this machine, as its torch sees it (`nox -s bench` asks this)."""
+    from rlperf.machine import probe
+
+    return smoke_suite(probe().resolve_device("auto"))
 
 
 def resolve_path(name_or_path: str) -> Path:

@@ -44,6 +44,11 @@ GPU_METRICS: dict[str, Callable[[object], float]] = {
     "clock_event_reasons": _clock_event_reasons,
 }
 CPU_METRICS = ("cpu_util_percent", "ram_used_bytes")
+# The bits of `clock_event_reasons` (NVML's nvmlClocksEventReason*): why the SM clock was below its maximum.
+CLOCK_EVENT_REASONS = {
+    0x1: "idle", 0x2: "application clocks", 0x4: "power cap", 0x8: "hardware slowdown", 0x10: "sync boost",
+    0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake", 0x100: "display clocks",
+}
 
 
 class UtilizationSampler:

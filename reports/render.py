@@ -20,11 +20,13 @@ from decisions.sequential import FUTILITY_ALPHA, Design, paired_design
 from decisions.verdicts import (MIN_PHASE_GROWTH_SHARE, PointVerdict, exit_code, fmt_interval, judge, judge_pairs,
                               judge_point, tally)
 from profilers.interference import OTHERS_CORES_LIMIT, STEAL_SHARE_LIMIT, contention
+from profilers.sampler import CLOCK_EVENT_REASONS
 from rlperf.errors import BadInput
 from rlperf.machine import comparability_differences
 from rlperf.store import point_label
 
 UTILIZATION_METRICS = ("gpu_util_percent", "sm_clock_mhz", "power_w", "mem_used_bytes", "cpu_util_percent")
+CLOCK_METRICS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c")
 PROFILED_NOTE = ("Traces come from separate profiled runs; the profiler's own overhead distorts throughput, so "
                  "no SPS figure in this report is ever taken from a profiled run.")
 
@@ -343,6 +345,45 @@ def utilization_section(run: RunData) -> Section | None:
     return Section("Utilization over time", text, [shown], [figures.utilization(first, metrics)])
 
 
+def gpu_clocks_section(run: RunData) -> Section | None:
+    """Per repeat on a GPU, its SPS beside the SM clock, the clock-event reasons and the temperature NVML read
+    while it ran: a GPU left idle between small kernels lowers its clock, so a slow repeat may have run slow."""
+    series = run.utilization
+    if series.empty:
+        return None
+    gpu = series[series["source"].str.startswith("gpu:") & series["metric"].isin(CLOCK_METRICS)]
+    if gpu.empty:
+        return None
+    sps = {(row.point_key, row.repeat): row.sps for row in run.samples.itertuples()}
+    several = gpu["source"].nunique() > 1
+    rows = []
+    for (point_key, repeat, source), group in gpu.groupby(["point_key", "repeat", "source"], sort=False):
+        values = {metric: found["value"].dropna() for metric, found in group.groupby("metric")}
+        clock, reasons, heat = (values.get(metric, pd.Series(dtype=float)) for metric in CLOCK_METRICS)
+        row = {"point": point_label(point_key), "repeat": repeat}
+        if several:
+            row["GPU"] = source.removeprefix("gpu:")[-8:]
+        row["SPS"] = fmt_sps(sps.get((point_key, repeat)))
+        row["SM clock, MHz (mean, min–max)"] = (f"{clock.mean():,.0f} ({clock.min():,.0f}–{clock.max():,.0f})"
+                                                if len(clock) else "–")
+        row["clock events (share of samples)"] = ", ".join(
+            f"{name} {share:.0%}" for name, share in clock_event_shares(reasons.astype(int)).items()) or "none"
+        row["temperature, °C (mean / max)"] = f"{heat.mean():.0f} / {heat.max():.0f}" if len(heat) else "–"
+        rows.append(row)
+    text = ["Per repeat: NVML's SM clock, the reasons it gave for a clock below the maximum ('idle': no work "
+            "queued; 'power cap', 'thermal', 'hardware slowdown': the GPU held back), and the temperature, sampled "
+            "while the repeat ran. Repeats of one point that differ in SPS and in clock point at the GPU's clock "
+            "rather than the code."]
+    return Section("GPU clocks per repeat", text, [pd.DataFrame(rows)])
+
+
+def clock_event_shares(masks: pd.Series) -> dict[str, float]:
+    """Each clock-event reason's share of the samples that named it, in NVML's bit order."""
+    shares = {name: float(((masks & bit) != 0).mean()) for bit, name in CLOCK_EVENT_REASONS.items()}
+    shares["other bits"] = float(((masks & ~sum(CLOCK_EVENT_REASONS)) != 0).mean())
+    return {name: share for name, share in shares.items() if share > 0}
+
+
 def collectives_section(run: RunData) -> Section | None:
     rows = run.collectives
     if rows.empty:
@@ -415,7 +456,8 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
                      knob_learning_section(candidate, threshold, alpha), quiet_section(candidate),
                      phase_section(candidate), roofline.section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
-                     scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate)]
+                     scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate),
+                     gpu_clocks_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]
     badges = {status: count for status, count in tally(verdicts).items() if count}
     report = Report(f"rlperf report · suite {candidate.suite}", run_header(candidate),

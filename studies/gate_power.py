@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 from collections import Counter
@@ -27,12 +28,14 @@ from scipy import stats
 from benches import suite as suites
 from benches.night import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, Night
 from benches.pairing import SIDES
-from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from studies.simulated import GPU_RUNNER, H100, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 
-NOISES = {"gpu": GPU_RUNNER}
+NOISES = {"gpu": GPU_RUNNER, "h100": H100}
+# the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
+SEEN_TRIPLE = (1.225, 0.950, 1.190)
 
 
 def rate(hits: int, trials: int) -> dict:
@@ -92,7 +95,33 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "processes per null night": float(np.mean(processes["null"])),
         "processes per bad night": float(np.mean(processes["slowed"])),
         "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
+        "pairs confirmed per null night": confirmed_pairs(processes["null"], points, plan),
+        "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], points, plan),
     }
+
+
+def confirmed_pairs(processes: list[int], points: list[suites.Point], plan: rules.GatePlan) -> float:
+    """Pairs a night spent confirming, on average: its processes beyond the screen's (made-up pairs counted as
+    confirmation, a small overcount)."""
+    return float(np.mean([max(0, count - 2 * plan.screen_pairs * len(points)) / 2 for count in processes]))
+
+
+def noise_check(noise: Noise, draws: int, seed: int) -> dict:
+    """What the noise model gives one point's pairs: their robust spread (what the gate's `pair noise` reads),
+    and the chance that a screen's three pairs fall at least as far from 1 as SEEN_TRIPLE did (two of three as
+    far as its second-largest log ratio)."""
+    rng = np.random.default_rng(seed)
+    machine = SimulatedMachine(noise, rng)
+    point = suites.Point(key="{}", axes={}, config={})
+    ratios = []
+    for _ in range(draws):
+        machine.new_night()
+        ratios.append([math.log(machine.draw("new", point)[0] / machine.draw("ref", point)[0]) for _ in range(3)])
+    ratios = np.abs(np.array(ratios))
+    seen = sorted(abs(math.log(r)) for r in SEEN_TRIPLE)[1]
+    return {"pair_spread": float(stats.median_abs_deviation(ratios[:, 0] * rng.choice([-1, 1], draws),
+                                                            scale="normal")),
+            "triple_as_far_as_seen": float(np.mean(np.sort(ratios, axis=1)[:, 1] >= seen))}
 
 
 def main() -> None:
@@ -104,18 +133,27 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
     parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
+    parser.add_argument("--screen-at", type=float, default=DEFAULT_THRESHOLD,
+                        help="a suspect's screen estimate is slower than this (default: the threshold)")
+    parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
+    parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
+                        help="at most this many pairs in one suspect's confirmation")
+    parser.add_argument("--gpus", type=int, help="leave out the points needing more GPUs than this, as a runner "
+                                                 "with that many skips them (default: every point)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     noise = NOISES.get(args.noise) or Noise(**{k: float(v) for k, v in
                                                (item.split("=") for item in args.noise.split(","))})
-    points = list(suites.load(args.suite).points)[:args.points]
+    points = [point for point in suites.load(args.suite).points
+              if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = rules.GatePlan(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, screen_pairs=args.screen_pairs,
-                          screen_at=DEFAULT_THRESHOLD, max_suspects=MAX_SUSPECTS, max_pairs=DEFAULT_MAX_REPEATS,
-                          min_quiet=MIN_QUIET)
+                          screen_at=args.screen_at, max_suspects=args.max_suspects, max_pairs=args.max_repeats,
+                          min_quiet=min(MIN_QUIET, args.screen_pairs))
     started = time.monotonic()
     results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed)
-    results = {"suite": args.suite, "points": len(points), "noise": asdict(noise), "slowdown": args.slowdown,
+    results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
+               "noise check": noise_check(noise, 20_000, args.seed), "slowdown": args.slowdown,
                "plan": plan.to_dict(), "seconds": time.monotonic() - started, **results}
     text = json.dumps(results, indent=1)
     print(text)

@@ -12,6 +12,13 @@ taken in turn round after round so that drift over the run falls on all of them 
 and inside every process a calibration kernel (a fixed fp32 matmul, timed before training) to see whether a
 process's luck shows in it: if it did, it could stand beside SPS as a control variate.
 
+On a GPU, `python -m studies.noise --device cuda --rounds 12 --out runs/noise-gpu` measures two points instead,
+LSTM-128 at 4096 envs eager and with CUDA graphs (GPU_LEVERS), each in pairs of `rlperf train` processes run by
+the bench harness (benches/runner.py), so NVML is sampled around every process: the processes go to a results
+store under --out, one repeat each, and `rlperf report STORE::RUN` shows every repeat's SM clock, clock-event
+reasons and temperature beside its SPS; the JSON gives each point's process and pair spread and each process's
+clock, reasons and temperature.
+
 Per lever: median steady SPS, the robust log SD of one process's SPS, the robust SD of a pair's log ratio (what
 the paired tests see), the correlation of a pair's two processes, seconds per pair, and decisions per minute
 relative to `default` (the pairs a decision needs scale with the pair variance, so decisions per minute scale
@@ -66,6 +73,79 @@ def one_process(settings: dict) -> dict:
             "wall_seconds": summary["wall_seconds"]}
 
 
+GPU_POINT = {"env": "synthetic", "hidden_size": 128, "num_envs": 4096, "horizon": 64, "minibatch_size": 16384,
+             "update_epochs": 1, "total_steps": 2097152, "warmup_epochs": 2}
+GPU_LEVERS = {"eager": {}, "graphs": {"cuda_graphs": True}}
+GPU_SAMPLE_HZ = 5.0
+
+
+def measure_gpu(rounds: int, out: Path, device: str) -> dict:
+    """Pairs of trainer processes at GPU_LEVERS' points, the levers in turn round after round, stored with
+    their NVML readings; each process's SPS and what its GPU's clock did."""
+    from benches.runner import PointRunner, UtilizationProbe
+    from benches.suite import Point
+    from reference_trainer.config import from_dict
+    from rlperf.machine import collect, machine_key, probe
+    from rlperf.store import PointRecord, Store, canonical_json, utc_now
+
+    machine = probe()
+    points = [Point(key=canonical_json({"lever": name}), axes={"lever": name},
+                    config=from_dict({**GPU_POINT, **extra, "device": device}).to_dict())
+              for name, extra in GPU_LEVERS.items()]
+    refusal = machine.skip_reason(points[0].config)
+    if refusal:
+        sys.exit(f"noise: {refusal}")
+    fingerprint = collect(machine, "noise-gpu")
+    out.mkdir(parents=True, exist_ok=True)
+    with Store.open(out / "results.sqlite") as store:
+        run_id = store.create_run("noise-gpu", "noise-gpu", fingerprint, machine_key(fingerprint),
+                                  f"studies.noise: {rounds} pairs a lever")
+        runner = PointRunner(out / run_id, 2 * rounds, 600.0, UtilizationProbe(GPU_SAMPLE_HZ))
+        records = {point.key: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for point in points}
+        for round_ in range(rounds):
+            for index, point in enumerate(points):
+                directory = runner.point_dir(index, point)
+                directory.mkdir(parents=True, exist_ok=True)
+                for repeat in (2 * round_, 2 * round_ + 1):
+                    status, reason, summary = runner.run_repeat(point, repeat, directory,
+                                                                machine.gpu_uuids(point.config), records[point.key])
+                    if status != "ok":
+                        sys.exit(f"noise: a process failed: {reason}")
+                    records[point.key].samples.append((repeat, summary))
+            print(f"round {round_ + 1}/{rounds}: " + ", ".join(
+                f"{point.axes['lever']} {records[point.key].samples[-2][1]['sps']:,.0f}/"
+                f"{records[point.key].samples[-1][1]['sps']:,.0f}" for point in points), flush=True)
+        for record in records.values():
+            store.record_point(run_id, record)
+        store.finish_run(run_id, "complete")
+    levers = {}
+    for point in points:
+        record = records[point.key]
+        processes = [{"sps": summary["sps"], "process_seconds": summary["interference"]["wall_s"],
+                      **gpu_readings(record.utilization, repeat)} for repeat, summary in record.samples]
+        levers[point.axes["lever"]] = {**analyse(list(zip(processes[::2], processes[1::2]))),
+                                       "processes": processes}
+    return {"store": str(out / "results.sqlite"), "run": run_id, "levers": levers,
+            "report": f"rlperf report {out / 'results.sqlite'}::{run_id}"}
+
+
+def gpu_readings(rows: list[tuple], repeat: int) -> dict:
+    """One process's SM clock (mean, min, max), clock-event reasons (each one's share of samples) and
+    temperature (mean, max), from the harness's NVML rows."""
+    from profilers.sampler import CLOCK_EVENT_REASONS
+
+    def values(metric: str) -> np.ndarray:
+        return np.array([row[4] for row in rows if row[0] == repeat and row[2].startswith("gpu:") and row[3] == metric])
+
+    clock, reasons, heat = values("sm_clock_mhz"), values("clock_event_reasons").astype(int), values("temperature_c")
+    if not len(clock):
+        return {"nvml": "no readings"}
+    return {"sm_clock_mhz": {"mean": float(clock.mean()), "min": float(clock.min()), "max": float(clock.max())},
+            "clock_events": {name: float(np.mean(reasons & bit != 0)) for bit, name in CLOCK_EVENT_REASONS.items()
+                             if np.any(reasons & bit)},
+            "temperature_c": {"mean": float(heat.mean()), "max": float(heat.max())} if len(heat) else None}
+
+
 def run_lever(prefix: list[str], settings: dict) -> dict:
     command = prefix + [sys.executable, "-m", "studies.noise", "--one", json.dumps(settings)]
     started = time.monotonic()
@@ -84,25 +164,37 @@ def analyse(pairs: list[tuple[dict, dict]]) -> dict:
     second = np.log([b["sps"] for _, b in pairs])
     ratios = second - first
     every = np.concatenate([first, second])
+    found = {"sps_median": float(np.exp(np.median(every))), "process_log_sd": robust_sd(every),
+             "pair_log_sd": robust_sd(ratios), "pair_correlation": float(stats.spearmanr(first, second).statistic),
+             "seconds_per_pair": float(np.median([a["process_seconds"] + b["process_seconds"] for a, b in pairs]))}
+    if "calibration_gflops" not in pairs[0][0]:
+        return found
     calib = np.log([p["calibration_gflops"] for pair in pairs for p in pair])
-    rho = float(stats.spearmanr(calib, every).statistic)
     calib_ratios = np.log([b["calibration_gflops"] / a["calibration_gflops"] for a, b in pairs])
     slope = float(np.polyfit(calib_ratios, ratios, 1)[0]) if np.std(calib_ratios) > 0 else 0.0
-    return {"sps_median": float(np.exp(np.median(every))), "process_log_sd": robust_sd(every),
-            "pair_log_sd": robust_sd(ratios), "pair_correlation": float(stats.spearmanr(first, second).statistic),
-            "seconds_per_pair": float(np.median([a["process_seconds"] + b["process_seconds"] for a, b in pairs])),
-            "calibration_vs_sps_spearman": rho,
+    return {**found, "calibration_vs_sps_spearman": float(stats.spearmanr(calib, every).statistic),
             "pair_log_sd_adjusted_by_calibration": robust_sd(ratios - slope * calib_ratios)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12, help="pairs of processes per lever (default 12)")
-    parser.add_argument("--out", type=Path, default=Path("runs/noise.json"))
+    parser.add_argument("--out", type=Path, default=Path("runs/noise.json"),
+                        help="the JSON's path; on a GPU, the folder of the store and the JSON (default runs/noise)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (the levers above), or cuda / cuda:N: an eager and a graphed point on that GPU")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # inside a measured process
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_process(json.loads(args.one))))
+        return
+    if args.device != "cpu":
+        directory = args.out.with_suffix("") if args.out.suffix == ".json" else args.out
+        report = measure_gpu(args.rounds, directory, args.device)
+        print(json.dumps({name: {k: v for k, v in lever.items() if k != "processes"}
+                          for name, lever in report["levers"].items()}, indent=1))
+        (directory / "noise.json").write_text(json.dumps(report, indent=1))
+        print(f"every process's SM clock, clock events and temperature: `{report['report']}`")
         return
     measured: dict[str, list[tuple[dict, dict]]] = {name: [] for name in LEVERS}
     started = time.monotonic()

@@ -111,7 +111,7 @@ def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, me
 
 
 def test_unknown_suite_name_lists_the_shipped_ones():
-    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, gate, hardware, "
+    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, gate, gpu-smoke, hardware, "
                                   r"learning, learning-atari, nightly, overhead, smoke"):
         suites.load("smok")
 
@@ -155,3 +155,22 @@ def test_points_that_need_missing_gpus_get_a_reason():
     assert one_gpu.skip_reason({**base, "device": "cuda", "world_size": 2}) == (
         "device=cuda with world_size=2 needs 2 GPUs; 1 visible")
     assert one_gpu.resolve_device("auto") == "cuda" and cpu_only.resolve_device("auto") == "cpu"
+
+
+@pytest.mark.parametrize("device, chosen", [("cpu", "smoke"), ("cuda", "gpu-smoke"), ("cuda:1", "gpu-smoke")])
+def test_nox_bench_runs_the_smoke_suite_of_the_machines_first_device(device, chosen):
+    assert suites.smoke_suite(device) == chosen
+    suite = suites.load(chosen, {"device": device})
+    assert {p.config["device"] for p in suite.points} == {device}
+
+
+def test_the_gpu_smoke_measures_sizes_where_a_gpu_means_something_in_few_processes():
+    smoke = suites.load("gpu-smoke")
+    configs = [p.config for p in smoke.points]
+    assert all(c["device"] == "cuda" and c["hidden_size"] == 128 and c["lstm"] for c in configs)
+    assert {c["num_envs"] for c in configs} == {1024, 4096}
+    assert {(c["cuda_graphs"], c["dtype"]) for c in configs if c["num_envs"] == 4096} == {
+        (False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16")}
+    # three minutes with the peaks: at most one process a point, each at most 16 epochs
+    assert smoke.repeats * len(configs) <= 5
+    assert all(c["total_steps"] // (c["num_envs"] * c["horizon"]) <= 16 for c in configs)

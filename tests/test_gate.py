@@ -1,4 +1,4 @@
-"""The gate (benches/gate.py, benches/night.py, decisions/screening.py): on the nightly suite's 56 points a lone
+"""The gate (benches/gate.py, benches/night.py, decisions/screening.py): on the nightly suite's points a lone
 slowed point is flagged and fails the job, a night that changed nothing passes whatever its offset, a point that
 could not be measured fails with its own code; and, on real trainer processes of a copy of this project, a delay
 planted in one point's code fails `rlperf gate` naming that point while the report rebuilt from the store says
@@ -47,7 +47,7 @@ def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None
     return found
 
 
-def test_a_lone_point_slowed_by_ten_percent_among_56_fails_the_gate():
+def test_a_lone_point_slowed_by_ten_percent_among_the_nightlys_points_fails_the_gate():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(5))
     slowed = NIGHTLY[17]
     machine.slowdowns = {("new", slowed.key): 0.10}
@@ -61,8 +61,8 @@ def test_a_lone_point_slowed_by_ten_percent_among_56_fails_the_gate():
 
 
 def test_the_old_rule_could_not_flag_that_point():
-    """The same night judged as two runs of 5 repeats with Benjamini-Hochberg over 56 points: at 5 against 5 the
-    smallest p is 0.0079 and a lone claim needs 0.01 / 56, so the point is inconclusive whatever its size."""
+    """The same night judged as two runs of 5 repeats with Benjamini-Hochberg over the 20 points: at 5 against 5 the
+    smallest p is 0.0079 and a lone claim needs 0.01 / 20, so the point is inconclusive whatever its size."""
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(5))
     slowed = NIGHTLY[17]
     machine.slowdowns = {("new", slowed.key): 0.5}
@@ -95,7 +95,7 @@ def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
     machine = SimulatedMachine(always, np.random.default_rng(1))
     found = night(machine, points=NIGHTLY[:3])
     assert rules.exit_code(found) == rules.EXIT_UNMEASURED
-    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 6") for v in found)
+    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 8") for v in found)
     assert rules.conclusion(found).startswith("gate: could not measure 3 points")
 
 

@@ -1,0 +1,151 @@
+"""How long will a gate's night take, and which points cost most? Said before it measures, from what the store
+knows of earlier runs on this machine; and, after, how far off that was.
+
+A process of a point is forecast to cost the median wall of the newest processes of that point (the same point
+key, every setting both configs have equal) on the same machine fingerprint: the harness's wall around the
+process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
+store has not run on this machine costs the median process of this machine; on a machine the store does not
+know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
+on top); the confirmation costs nothing on a night without suspects and at most its budget, or its suspects'
+pairs if those cost less. Peaks are measured once per store and machine and are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Iterable
+
+from benches.suite import Point
+from decisions.screening import GatePlan
+from rlperf.store import Store
+
+# A process on a machine the store knows nothing of: about an eager GPU point of the nightly suite on an H100
+# (17-18 s of wall for a 2,097,152-step process in measurements/h100-2026-11-24/gate/) rounded up.
+DEFAULT_PROCESS_S = 30.0
+# Processes per point a forecast is taken from (the newest first), and how many runs back it looks for them.
+RECENT_PROCESSES = 12
+RECENT_RUNS = 24
+SHOWN_POINTS = 5
+
+
+@dataclass(frozen=True)
+class PointCost:
+    label: str
+    process_s: float
+    known_from: int  # stored processes of this very point behind process_s (0: a fallback)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    points: tuple[PointCost, ...]
+    screen_pairs: int
+    confirm_max_s: float  # the confirmation stage's ceiling: its budget, or every suspect's pairs if less
+    fallback: str  # what a point the store does not know was taken to cost, in words
+
+    @property
+    def screen_s(self) -> float:
+        return sum(self.point_screen_s(point) for point in self.points)
+
+    def point_screen_s(self, point: PointCost) -> float:
+        return 2 * self.screen_pairs * point.process_s
+
+    def costliest(self, count: int = SHOWN_POINTS) -> list[PointCost]:
+        return sorted(self.points, key=lambda point: -point.process_s)[:count]
+
+    def lines(self) -> list[str]:
+        known = sum(point.known_from > 0 for point in self.points)
+        out = [f"forecast: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
+               f"processes; {known} of them from their own earlier processes here"
+               + (f", the others at {self.fallback}" if known < len(self.points) else "") + "); confirmation none "
+               f"without suspects, at most {duration(self.confirm_max_s)}: the night {duration(self.screen_s)} to "
+               f"{duration(self.screen_s + self.confirm_max_s)}"]
+        out.append("forecast: costliest points: " + "; ".join(
+            f"{point.label} {duration(self.point_screen_s(point))} ({point.process_s:.0f} s a process)"
+            for point in self.costliest()))
+        return out
+
+    def review(self, store: Store, runs: dict[tuple[str, str], str], elapsed_s: float) -> str:
+        """How far off the forecast was: each stage's stored processes (`runs`: (stage, side) -> run id) against
+        it, and `elapsed_s`, the night's wall from before the screen to after the confirmation."""
+        measured = stored_stage_walls(store, runs)
+        screen, confirm = measured.get("screen", 0.0), measured.get("confirm", 0.0)
+        off = f"{screen / self.screen_s - 1:+.0%}" if self.screen_s > 0 else "n/a"
+        return (f"forecast against measured: screen {duration(screen)} of processes where {duration(self.screen_s)} "
+                f"was forecast ({off}); confirmation {duration(confirm)} (at most {duration(self.confirm_max_s)} "
+                f"forecast); the night {duration(elapsed_s)} in all")
+
+
+def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, budget_s: float) -> Forecast:
+    """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, judged
+    by `plan` with `budget_s` for the confirmation."""
+    points = list(points)
+    walls = process_walls(store, machine_key, points)
+    every = [wall for found in walls.values() for wall in found]
+    if every:
+        fallback_s, fallback = median(every), f"this machine's median process ({median(every):.0f} s)"
+    else:
+        stored = other_machine_walls(store, machine_key)
+        fallback_s, fallback = DEFAULT_PROCESS_S, f"the default {DEFAULT_PROCESS_S:.0f} s a process " + (
+            "(nothing stored on this machine)" if stored else "(an empty store)")
+    costs = tuple(PointCost(point.label, median(walls[point.key]) if walls[point.key] else fallback_s,
+                            len(walls[point.key])) for point in points)
+    confirm_max = min(budget_s, sum(2 * plan.max_pairs * cost.process_s for cost in
+                                    sorted(costs, key=lambda cost: -cost.process_s)[:plan.max_suspects]))
+    return Forecast(costs, plan.screen_pairs, confirm_max, fallback)
+
+
+def process_walls(store: Store, machine_key: str, points: list[Point]) -> dict[str, list[float]]:
+    """Per point key, the walls of the newest stored processes of that point on this machine."""
+    walls: dict[str, list[float]] = {point.key: [] for point in points}
+    wanted = {point.key: point.config for point in points}
+    runs = store.runs()
+    if runs.empty:
+        return walls
+    runs = runs[runs["machine_key"] == machine_key].iloc[::-1][:RECENT_RUNS]
+    for run_id in runs["run_id"]:
+        configs = {row.point_key: row.config for row in store.points(run_id).itertuples() if row.status == "ok"}
+        for sample in store.samples(run_id).itertuples():
+            key = sample.point_key
+            if key not in wanted or key not in configs or len(walls[key]) >= RECENT_PROCESSES:
+                continue
+            if not same_settings(wanted[key], configs[key]):
+                continue
+            wall = process_wall(sample.summary)
+            if wall is not None:
+                walls[key].append(wall)
+    return walls
+
+
+def other_machine_walls(store: Store, machine_key: str) -> bool:
+    runs = store.runs()
+    return not runs.empty and bool((runs["machine_key"] != machine_key).any())
+
+
+def same_settings(wanted: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Every setting both configs have is equal: a field added to the trainer since does not hide the history."""
+    return all(wanted[name] == stored[name] for name in wanted.keys() & stored.keys())
+
+
+def process_wall(summary: dict[str, Any]) -> float | None:
+    """The harness's wall around the process; the trainer's own when the harness recorded none."""
+    wall = (summary.get("interference") or {}).get("wall_s") or summary.get("wall_seconds")
+    return float(wall) if wall is not None and math.isfinite(wall) and wall > 0 else None
+
+
+def stored_stage_walls(store: Store, runs: dict[tuple[str, str], str]) -> dict[str, float]:
+    """Each stage's processes' walls summed, from the gate's runs ((stage, side) -> run id)."""
+    totals: dict[str, float] = {}
+    for (stage, _side), run_id in runs.items():
+        walls = [process_wall(summary) for summary in store.samples(run_id)["summary"]]
+        totals[stage] = totals.get(stage, 0.0) + sum(wall for wall in walls if wall is not None)
+    return totals
+
+
+def duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"

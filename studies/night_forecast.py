@@ -1,0 +1,136 @@
+"""What will a night of `rlperf gate --suite nightly` take on one H100? The gate's own forecast
+(benches/forecast.py) over a store holding processes modelled from the walls measured on an H100.
+
+`python -m studies.night_forecast --measurements ../shared/measurements/h100-2026-11-24` takes, for each point of
+the suite a one-GPU runner measures, the trainer summary of the nearest configuration measured there
+(trainer/*.json, named in NEAREST) and models one process of the point as:
+
+    the harness's wall outside the trainer (the median over the gate store's processes, gate/results.sqlite:
+    interpreter start and imports) + the summary's warm-up (CUDA context, compilation or capture, two
+    warm-up epochs) + the steady window: whole steady epochs of the summary's median length until they reach
+    the point's steady_seconds (at least 2), capped by its total_steps.
+
+It stores one such process per point as an earlier run on a machine of its own in a temporary store and asks
+benches/forecast.py for the night, as `rlperf gate` would before measuring, and adds what the forecast leaves
+out: the peaks (measured once per store and machine; 49.8 s for one point's 22 in the gate run) and the expected
+confirmation at the simulated rate of suspects (studies/gate_power.py, `--pairs-confirmed`). torch.compile's
+caches kept on the runner make the compile points cheaper after the first night; that saving was not measured,
+so both compile points are forecast cold here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sqlite3
+import statistics
+import tempfile
+from pathlib import Path
+
+from benches import forecast
+from benches import suite as suites
+from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, gate_plan
+from benches.options import ProcessOptions
+from rlperf.store import PointRecord, Store
+
+MACHINE = "h100-modelled"
+# point settings -> (the summary whose warm-up it pays, the summary whose steady epoch it runs): the nearest
+# configuration measured on the H100 (trainer/; fp16 was not measured, bf16 stands in; every knob at once was
+# not measured, compile+graphs' warm-up and the graphed copy knobs' or bf16 graphs' epoch stand in)
+NEAREST = [
+    ({"encoder": "cnn", "cuda_graphs": True}, "t_cnn_pinned_graphs", "t_cnn_pinned_graphs"),
+    ({"encoder": "cnn"}, "t_cnn", "t_cnn"),
+    ({"hidden_size": 1024, "cuda_graphs": True}, "t_h1024_graphs", "t_h1024_graphs"),
+    ({"hidden_size": 1024}, "t_h1024", "t_h1024"),
+    ({"compile": True, "cuda_graphs": True, "copy_stream": True, "dtype": "bf16"}, "t_compile_graphs",
+     "t_bf16_graphs"),
+    ({"compile": True, "cuda_graphs": True, "copy_stream": True}, "t_compile_graphs", "t_graphs_copy"),
+    ({"compile": True, "cuda_graphs": True}, "t_compile_graphs", "t_compile_graphs"),
+    ({"compile": True}, "t_compile", "t_compile"),
+    ({"num_envs": 1024, "cuda_graphs": True}, "t_graphs1024", "t_graphs1024"),
+    ({"num_envs": 1024}, "t_eager1024", "t_eager1024"),
+    ({"cuda_graphs": True}, "t_graphs", "t_graphs"),
+    ({"dtype": "bf16"}, "t_bf16", "t_bf16"),
+    ({"dtype": "fp16"}, "t_bf16", "t_bf16"),
+    ({"lstm": False}, "t_nolstm", "t_nolstm"),
+    ({"pinned": True}, "t_pinned_nb", "t_pinned_nb"),
+    ({}, "t_eager", "t_eager"),
+]
+
+
+def nearest(config: dict) -> tuple[str, str]:
+    for settings, warm, steady in NEAREST:
+        if all(config[name] == value for name, value in settings.items()):
+            return warm, steady
+    raise AssertionError("NEAREST ends with a rule for every point")
+
+
+def outside_trainer_s(gate_store: Path) -> float:
+    """The median of the harness's wall around a process less the trainer's own wall, in the shipped gate store."""
+    with sqlite3.connect(f"file:{gate_store}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT json_extract(summary, '$.interference.wall_s'), wall_seconds FROM samples").fetchall()
+    return statistics.median(outer - inner for outer, inner in rows)
+
+
+def modelled_process(config: dict, warm: dict, steady: dict, outside_s: float) -> dict:
+    epoch_s = statistics.median(e["seconds"] for e in steady["epochs"] if not e["warmup"])
+    cap = max(1, -(-config["total_steps"] // (config["num_envs"] * config["horizon"]))) - config["warmup_epochs"]
+    wanted = config.get("steady_seconds", 0.0)
+    epochs = min(cap, max(2, math.ceil(wanted / epoch_s))) if wanted > 0 else cap
+    wall = outside_s + warm["warmup_seconds"] + epochs * epoch_s
+    return {"sps": steady["sps"], "wall_seconds": wall - outside_s, "steady_epochs": epochs,
+            "steady_seconds": epochs * epoch_s, "warmup_seconds": warm["warmup_seconds"],
+            "interference": {"wall_s": wall}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measurements", type=Path, required=True,
+                        help="the H100 measurements' folder (trainer/, gate/results.sqlite)")
+    parser.add_argument("--suite", default="nightly")
+    parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
+    parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
+    parser.add_argument("--max-repeats", type=int, default=ProcessOptions.max_repeats)
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S)
+    parser.add_argument("--pairs-confirmed", type=float, default=0.0,
+                        help="pairs a night confirms on average (studies/gate_power.py), costed at the median "
+                             "process of the suite")
+    parser.add_argument("--peaks-s", type=float, default=49.8, help="seconds of peaks, the first night only")
+    args = parser.parse_args()
+
+    suite = suites.load(args.suite)
+    points = [point for point in suite.points if point.config["world_size"] == 1]
+    outside_s = outside_trainer_s(args.measurements / "gate" / "results.sqlite")
+    summaries = {path.stem: json.loads(path.read_text()) for path in (args.measurements / "trainer").glob("t_*.json")}
+    plan = gate_plan(ProcessOptions(suite=args.suite, max_repeats=args.max_repeats), args.screen_pairs,
+                     args.max_suspects)
+    modelled = {}
+    with tempfile.TemporaryDirectory() as scratch, Store.open(Path(scratch) / "results.sqlite") as store:
+        run_id = store.create_run(suite.name, suite.suite_hash, {}, MACHINE, "modelled from the H100's walls")
+        for point in points:
+            warm, steady = nearest(point.config)
+            process = modelled_process(point.config, summaries[warm], summaries[steady], outside_s)
+            modelled[point.label] = {"warm-up from": warm, "steady epoch from": steady, **process}
+            record = PointRecord(point.key, point.config, "ok", "modelled", process["interference"]["wall_s"])
+            record.samples = [(0, process)]
+            store.record_point(run_id, record)
+        store.finish_run(run_id, "complete")
+        night = forecast.predict(store, MACHINE, points, plan, args.budget_s)
+    median_process = statistics.median(cost.process_s for cost in night.points)
+    confirm_s = 2 * args.pairs_confirmed * median_process
+    for label, process in modelled.items():
+        print(f"{process['interference']['wall_s']:6.1f} s  {label}  (warm-up {process['warmup_seconds']:.1f} s from "
+              f"{process['warm-up from']}, {process['steady_epochs']} steady epochs of {process['steady epoch from']})")
+    print(f"outside the trainer: {outside_s:.1f} s a process (median, gate/results.sqlite)")
+    for line in night.lines():
+        print(line)
+    print(f"expected confirmation at {args.pairs_confirmed:g} pairs a night: {forecast.duration(confirm_s)}; "
+          f"peaks (first night on a store): {forecast.duration(args.peaks_s)}; the night: "
+          f"{forecast.duration(night.screen_s + confirm_s)} of processes, "
+          f"{forecast.duration(night.screen_s + confirm_s + args.peaks_s)} with the peaks, at most "
+          f"{forecast.duration(night.screen_s + night.confirm_max_s + args.peaks_s)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The gate's forecast (benches/forecast.py): what a night will cost, from the walls of earlier processes of the
+same points on the same machine in a real store, with its fallbacks named; and how far off it was."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from benches import forecast
+from benches import suite as suites
+from benches.night import MAX_SUSPECTS, SCREEN_PAIRS, gate_plan
+from benches.options import ProcessOptions
+from rlperf.store import PointRecord, Store
+
+SUITE = """
+    [fixed]
+    env = "synthetic"
+    horizon = 8
+    minibatch_size = 64
+    total_steps = 2048
+    [axes]
+    num_envs = [8, 16, 32]
+"""
+
+
+@pytest.fixture
+def points(tmp_path):
+    path = tmp_path / "three.toml"
+    path.write_text(textwrap.dedent(SUITE))
+    return list(suites.load(str(path)).points)
+
+
+def store_run(store: Store, machine: str, records: list[tuple[suites.Point, list[float], dict]]) -> str:
+    run_id = store.create_run("three", "hash", {}, machine)
+    for point, walls, changed in records:
+        record = PointRecord(point.key, {**point.config, **changed}, "ok", "now", sum(walls))
+        record.samples = [(repeat, {"sps": 1.0, "wall_seconds": wall - 2, "interference": {"wall_s": wall}})
+                          for repeat, wall in enumerate(walls)]
+        store.record_point(run_id, record)
+    store.finish_run(run_id, "complete")
+    return run_id
+
+
+def plan(screen_pairs=SCREEN_PAIRS, max_suspects=MAX_SUSPECTS, **options):
+    return gate_plan(ProcessOptions(suite="three", **options), screen_pairs, max_suspects)
+
+
+def test_a_point_costs_the_median_of_its_own_processes_on_this_machine_and_an_unknown_one_the_machines_median(
+        tmp_path, points):
+    eight, sixteen, thirty_two = points
+    with Store.open(tmp_path / "results.sqlite") as store:
+        store_run(store, "m1", [(eight, [10.0, 12.0, 30.0], {}), (sixteen, [20.0, 21.0], {})])
+        # the same points elsewhere, and with another setting here, tell nothing about this machine's night
+        store_run(store, "m2", [(thirty_two, [500.0], {}), (eight, [500.0], {})])
+        store_run(store, "m1", [(sixteen, [900.0], {"horizon": 4})])
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=3, max_suspects=1, max_repeats=10), 1e6)
+    assert [cost.process_s for cost in found.points] == [12.0, 20.5, 20.0]  # 20.0: the median of all five here
+    assert [cost.known_from for cost in found.points] == [3, 2, 0]
+    assert found.screen_s == pytest.approx(6 * (12.0 + 20.5 + 20.0))
+    assert found.confirm_max_s == pytest.approx(2 * 10 * 20.5)  # one suspect, at most 10 pairs of the costliest
+    first, costliest = found.lines()
+    assert "2 of them from their own earlier processes here, the others at this machine's median process (20 s)" \
+        in first
+    assert costliest.startswith("forecast: costliest points: num_envs=16 2 min 03 s (20 s a process); "
+                                "num_envs=32")
+
+
+def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default(tmp_path, points):
+    with Store.open(tmp_path / "results.sqlite") as store:
+        empty = forecast.predict(store, "m1", points, plan(), budget_s=600.0)
+        store_run(store, "m2", [(points[0], [5.0], {})])
+        elsewhere = forecast.predict(store, "m1", points, plan(), budget_s=600.0)
+    for found, why in ((empty, "an empty store"), (elsewhere, "nothing stored on this machine")):
+        assert all(cost.process_s == forecast.DEFAULT_PROCESS_S and cost.known_from == 0 for cost in found.points)
+        assert f"the default {forecast.DEFAULT_PROCESS_S:.0f} s a process ({why})" in found.lines()[0]
+        assert found.confirm_max_s == 600.0  # the budget caps the confirmation
+
+
+def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_path, points):
+    with Store.open(tmp_path / "results.sqlite") as store:
+        store_run(store, "m1", [(point, [10.0], {}) for point in points])
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=2), budget_s=600.0)
+        assert found.screen_s == pytest.approx(120.0)
+        runs = {("screen", "ref"): store_run(store, "m1", [(point, [11.0, 11.0], {}) for point in points]),
+                ("screen", "new"): store_run(store, "m1", [(point, [13.0, 13.0], {}) for point in points]),
+                ("confirm", "ref"): store_run(store, "m1", [(points[0], [10.0] * 4, {})]),
+                ("confirm", "new"): store_run(store, "m1", [(points[0], [10.0] * 4, {})])}
+        line = found.review(store, runs, elapsed_s=250.0)
+    assert line == ("forecast against measured: screen 2 min 24 s of processes where 2 min 00 s was forecast "
+                    "(+20%); confirmation 1 min 20 s (at most 10 min 00 s forecast); the night 4 min 10 s in all")
+
+
+@pytest.mark.parametrize("seconds, text", [(7.4, "7 s"), (125, "2 min 05 s"), (3 * 3600 + 15 * 60, "3 h 15 min")])
+def test_durations_read_as_a_person_would_say_them(seconds, text):
+    assert forecast.duration(seconds) == text
