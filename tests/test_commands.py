@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benches.night import BUDGET_S
 from benches.options import ProcessOptions
 from rlperf.arguments import alpha_level, threshold_fraction, timeout_seconds
 from command.cli import SUBCOMMANDS, OneLineParser
@@ -49,7 +50,7 @@ def test_the_options_record_is_built_from_each_commands_flags_and_defaults():
     gate = ProcessOptions.from_args(parser_of("gate").parse_args(
         [*REQUIRED["gate"], "--timeout", "30", "--threshold", "0.1", "--no-wait", "--out", "night"]))
     assert gate == ProcessOptions(suite="smoke", out_dir=Path("night"), timeout_s=30.0, threshold=0.1, wait=False,
-                                  budget_s=1800.0)  # the gate's own budget for its confirmation stage
+                                  budget_s=BUDGET_S)  # the gate's own budget for its confirmation stage
     confirm = ProcessOptions.from_args(parser_of("confirm").parse_args(REQUIRED["confirm"]))
     assert confirm.suite is None and confirm.timeout_s == 600.0 and confirm.out_dir == Path("runs")
     bisect = ProcessOptions.from_args(parser_of("bisect").parse_args(REQUIRED["bisect"]))
