@@ -161,7 +161,12 @@ class SyntheticEnv(VecEnv):
     reward 1 when the action matches the row's label; fixed-length episodes with staggered ends.
     `cost_us` spins the CPU for that many microseconds per env per step, to model a costlier env.
     Observations have any shape, float32 (standard normal) or uint8 (uniform pixels), so a timing run can
-    move Atari-sized frames without an emulator."""
+    move Atari-sized frames without an emulator.
+
+    The bank is drawn once, at construction, and laid out as a ring whose first rows repeat after its last,
+    one per env: every step's observations are then one contiguous slice of it, handed out as a read-only
+    view. A step draws nothing and copies no frame, so the trainer's own copy into its staging buffer is
+    the only copy of the frames a timing run measures; the ring costs one row per env beside the bank."""
 
     episode_length = 128
     max_bank_rows = 4099
@@ -177,30 +182,37 @@ class SyntheticEnv(VecEnv):
         self.bank_size = min(self.max_bank_rows, max(64, self.max_bank_bytes // (self.obs_size * self.obs_dtype.itemsize)))
         rng = np.random.default_rng(seed)
         if self.obs_dtype == np.uint8:
-            self._bank = rng.integers(0, 256, size=(self.bank_size, *self.obs_shape), dtype=np.uint8)
+            bank = rng.integers(0, 256, size=(self.bank_size, *self.obs_shape), dtype=np.uint8)
         else:
-            self._bank = rng.standard_normal((self.bank_size, *self.obs_shape)).astype(self.obs_dtype)
-        self._labels = rng.integers(num_actions, size=self.bank_size)
-        self._index = (np.arange(num_envs) + env_offset) % self.bank_size
+            bank = rng.standard_normal((self.bank_size, *self.obs_shape)).astype(self.obs_dtype)
+        labels = rng.integers(num_actions, size=self.bank_size)
+        # row j of the ring is row j mod bank_size of the bank: env i's observation at step t is row
+        # (env_offset + i + t) mod bank_size, and all envs' rows of a step lie side by side from its start
+        ring_rows = np.arange(self.bank_size + num_envs - 1) % self.bank_size
+        self._ring = np.take(bank, ring_rows, axis=0)
+        self._ring.setflags(write=False)
+        self._label_ring = labels[ring_rows]
+        self._start = env_offset % self.bank_size
         self._steps = (np.arange(num_envs) + env_offset) % self.episode_length
-        self._obs = np.empty((num_envs, *self.obs_shape), self.obs_dtype)
+
+    def _observe(self) -> np.ndarray:
+        return self._ring[self._start:self._start + self.num_envs]
 
     def reset(self) -> np.ndarray:
-        return np.take(self._bank, self._index, axis=0, out=self._obs)
+        return self._observe()
 
     def step(self, actions):
         if self.cost_seconds:
             deadline = time.perf_counter() + self.cost_seconds
             while time.perf_counter() < deadline:
                 pass
-        rewards = (actions == self._labels[self._index]).astype(np.float32)
+        rewards = (actions == self._label_ring[self._start:self._start + self.num_envs]).astype(np.float32)
         self._steps += 1
         dones = self._steps >= self.episode_length
         self._steps[dones] = 0
         self._record(rewards, dones)
-        self._index += 1
-        self._index %= self.bank_size
-        return np.take(self._bank, self._index, axis=0, out=self._obs), rewards, dones, self._all_valid
+        self._start = (self._start + 1) % self.bank_size
+        return self._observe(), rewards, dones, self._all_valid
 
 
 class CatchEnv(VecEnv):
