@@ -15,11 +15,14 @@ that ended the episode, and all its steps are valid.
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
 import time
 
 import numpy as np
 
 from reference_trainer.config import ConfigError, TrainConfig, synthetic_obs_shape
+from rlperf.cpus import usable_cores
 
 
 class VecEnv:
@@ -28,6 +31,8 @@ class VecEnv:
     obs_dtype: np.dtype = np.dtype(np.float32)
     num_actions: int
     next_step_reset = False
+    # seconds spent building the environments and on their first reset: start-up, reported apart like warm-up
+    start_seconds = 0.0
 
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
@@ -304,6 +309,32 @@ def gym_vectorize_mode(env_id: str, spec, vectorization: str):
             "async": VectorizeMode.ASYNC}[vectorization]
 
 
+def auto_env_threads(num_envs: int) -> int:
+    """env_threads=0: the cores this process may use, or its share of them when ranks share the machine (the
+    launcher says how many in LOCAL_WORLD_SIZE), and never more threads than envs to step."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(num_envs, usable_cores() // ranks_here))
+
+
+def native_thread_kwargs(env_id: str, spec, num_envs: int, threads: int) -> dict:
+    """The keyword that sets a native vector env's stepping threads (`num_threads`, ale-py's), with `threads`
+    or the automatic count; none for an env without one, which refuses a count set explicitly."""
+    from gymnasium.envs.registration import load_env_creator
+
+    entry_point = spec.vector_entry_point
+    creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
+    try:
+        takes_threads = "num_threads" in inspect.signature(creator).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        takes_threads = False
+    if not takes_threads:
+        if threads:
+            raise ConfigError("env_threads", f"gym:{env_id}'s vector entry point takes no num_threads, so its "
+                                             "threads cannot be set (allowed: 0)")
+        return {}
+    return {"num_threads": threads or auto_env_threads(num_envs)}
+
+
 class GymVecEnv(VecEnv):
     """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`: natively
     vectorized by the env's own `vector_entry_point` (ale-py's `AtariVectorEnv` steps its emulators in C++
@@ -312,9 +343,15 @@ class GymVecEnv(VecEnv):
     Copies stepped by gymnasium are asked to reset within the step that ends an episode. A native env resets
     as its `metadata["autoreset_mode"]` says (gymnasium's default, next-step, where it says nothing): a
     next-step env's valid flags mark the step after each end, which only resets; an env that never resets
-    itself (disabled) is reset here, in the step that ended the episode."""
+    itself (disabled) is reset here, in the step that ended the episode.
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto"):
+    A native env that takes `num_threads` steps its copies in that many threads (`threads`, 0: as many as
+    `auto_env_threads` gives); `threads` is then the count it was given, else None. `start_seconds` counts
+    the construction and the first reset: ale-py builds its emulators one after the other, each loading the
+    ROM, and its seeded reset loads every ROM again in its threads."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0):
+        started = time.perf_counter()
         super().__init__(num_envs)
         import gymnasium
         from gymnasium.vector import AutoresetMode
@@ -322,9 +359,15 @@ class GymVecEnv(VecEnv):
 
         spec = gym_spec(env_id)
         mode = gym_vectorize_mode(env_id, spec, vectorization)
-        # copy=False: each step's observations are copied into the trainer's staging buffer before the next step
-        vector_kwargs = {} if mode == VectorizeMode.VECTOR_ENTRY_POINT else {
-            "vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+        if mode == VectorizeMode.VECTOR_ENTRY_POINT:
+            vector_kwargs = native_thread_kwargs(env_id, spec, num_envs, threads)
+        elif threads:
+            raise ConfigError("env_threads", f"sets a native vector env's own threads, and gym:{env_id} is stepped "
+                                             "as single copies (it has no vector entry point; allowed: 0)")
+        else:
+            # copy=False: each step's observations are copied into the trainer's staging buffer before the next
+            vector_kwargs = {"vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+        self.threads = vector_kwargs.get("num_threads")
         try:
             self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)
         except gymnasium.error.Error as exc:
@@ -345,13 +388,19 @@ class GymVecEnv(VecEnv):
         self.obs_shape = tuple(observations.shape) or (1,)
         self.obs_dtype = np.dtype(np.uint8 if observations.dtype == np.uint8 else np.float32)
         self._seed = seed
+        self._first_reset = True
+        self.start_seconds = time.perf_counter() - started
 
     def _observation(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(obs, dtype=self.obs_dtype).reshape(self.num_envs, *self.obs_shape)
 
     def reset(self) -> np.ndarray:
+        started = time.perf_counter()
         obs, _ = self._env.reset(seed=self._seed)
         self._resetting[:] = False
+        if self._first_reset:
+            self._first_reset = False
+            self.start_seconds += time.perf_counter() - started
         return self._observation(obs)
 
     def step(self, actions):
@@ -383,4 +432,4 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0) -> VecEnv:
     if cfg.env == "synthetic":
         return SyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, cfg.env_cost_us,
                             env_offset, np.dtype(cfg.obs_dtype))
-    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization)
+    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization, cfg.env_threads)
