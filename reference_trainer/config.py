@@ -50,6 +50,9 @@ class TrainConfig:
     vectorization: str = knob("auto", "how gym:<id> envs are vectorized: native (the env's own vector entry point), "
                                       "sync (copies stepped in turn in this process), async (a subprocess per copy), "
                                       "or auto (native where the env has one, else sync)")
+    env_threads: int = knob(0, "threads that step a natively vectorized gym:<id> env's copies (ale-py's AtariVectorEnv), "
+                               "in each env group; 0: the cores this process may use (its share when ranks share the "
+                               "machine), at most one per env")
     # batch: num_envs x horizon agent steps per epoch, split into minibatches of whole sequences
     num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon")
     horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences")
@@ -280,7 +283,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
               "learning_rate", "world_size", "env_groups", "trace_epochs")
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
-                  "threads", "warmup_epochs", "env_cost_us", "steady_seconds")
+                  "threads", "env_threads", "warmup_epochs", "env_cost_us", "steady_seconds")
     _positive(cfg, "rank_timeout")
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
@@ -308,6 +311,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("vectorization", f"unknown mode {cfg.vectorization!r} (allowed: {', '.join(VECTORIZATIONS)})")
     if cfg.vectorization != "auto" and not cfg.env.startswith("gym:"):
         raise ConfigError("vectorization", f"applies to gym:<id> envs only (env is {cfg.env})")
+    if cfg.env_threads and not cfg.env.startswith("gym:"):
+        raise ConfigError("env_threads", f"applies to natively vectorized gym:<id> envs only (env is {cfg.env})")
+    if cfg.env_threads and cfg.vectorization in ("sync", "async"):
+        raise ConfigError("env_threads", f"sets a native vector env's own threads, and vectorization="
+                                         f"{cfg.vectorization} steps single copies (allowed with it: auto, native)")
     if cfg.encoder not in ENCODERS:
         raise ConfigError("encoder", f"unknown encoder {cfg.encoder!r} (allowed: {', '.join(ENCODERS)})")
     _positive(cfg, "cnn_channels")

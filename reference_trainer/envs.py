@@ -15,11 +15,14 @@ that ended the episode, and all its steps are valid.
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
 import time
 
 import numpy as np
 
 from reference_trainer.config import ConfigError, TrainConfig, synthetic_obs_shape
+from rlperf.cpus import usable_cores
 
 
 class VecEnv:
@@ -161,7 +164,12 @@ class SyntheticEnv(VecEnv):
     reward 1 when the action matches the row's label; fixed-length episodes with staggered ends.
     `cost_us` spins the CPU for that many microseconds per env per step, to model a costlier env.
     Observations have any shape, float32 (standard normal) or uint8 (uniform pixels), so a timing run can
-    move Atari-sized frames without an emulator."""
+    move Atari-sized frames without an emulator.
+
+    The bank is drawn once, at construction, and laid out as a ring whose first rows repeat after its last,
+    one per env: every step's observations are then one contiguous slice of it, handed out as a read-only
+    view. A step draws nothing and copies no frame, so the trainer's own copy into its staging buffer is
+    the only copy of the frames a timing run measures; the ring costs one row per env beside the bank."""
 
     episode_length = 128
     max_bank_rows = 4099
@@ -177,30 +185,37 @@ class SyntheticEnv(VecEnv):
         self.bank_size = min(self.max_bank_rows, max(64, self.max_bank_bytes // (self.obs_size * self.obs_dtype.itemsize)))
         rng = np.random.default_rng(seed)
         if self.obs_dtype == np.uint8:
-            self._bank = rng.integers(0, 256, size=(self.bank_size, *self.obs_shape), dtype=np.uint8)
+            bank = rng.integers(0, 256, size=(self.bank_size, *self.obs_shape), dtype=np.uint8)
         else:
-            self._bank = rng.standard_normal((self.bank_size, *self.obs_shape)).astype(self.obs_dtype)
-        self._labels = rng.integers(num_actions, size=self.bank_size)
-        self._index = (np.arange(num_envs) + env_offset) % self.bank_size
+            bank = rng.standard_normal((self.bank_size, *self.obs_shape)).astype(self.obs_dtype)
+        labels = rng.integers(num_actions, size=self.bank_size)
+        # row j of the ring is row j mod bank_size of the bank: env i's observation at step t is row
+        # (env_offset + i + t) mod bank_size, and all envs' rows of a step lie side by side from its start
+        ring_rows = np.arange(self.bank_size + num_envs - 1) % self.bank_size
+        self._ring = np.take(bank, ring_rows, axis=0)
+        self._ring.setflags(write=False)
+        self._label_ring = labels[ring_rows]
+        self._start = env_offset % self.bank_size
         self._steps = (np.arange(num_envs) + env_offset) % self.episode_length
-        self._obs = np.empty((num_envs, *self.obs_shape), self.obs_dtype)
+
+    def _observe(self) -> np.ndarray:
+        return self._ring[self._start:self._start + self.num_envs]
 
     def reset(self) -> np.ndarray:
-        return np.take(self._bank, self._index, axis=0, out=self._obs)
+        return self._observe()
 
     def step(self, actions):
         if self.cost_seconds:
             deadline = time.perf_counter() + self.cost_seconds
             while time.perf_counter() < deadline:
                 pass
-        rewards = (actions == self._labels[self._index]).astype(np.float32)
+        rewards = (actions == self._label_ring[self._start:self._start + self.num_envs]).astype(np.float32)
         self._steps += 1
         dones = self._steps >= self.episode_length
         self._steps[dones] = 0
         self._record(rewards, dones)
-        self._index += 1
-        self._index %= self.bank_size
-        return np.take(self._bank, self._index, axis=0, out=self._obs), rewards, dones, self._all_valid
+        self._start = (self._start + 1) % self.bank_size
+        return self._observe(), rewards, dones, self._all_valid
 
 
 class CatchEnv(VecEnv):
@@ -292,6 +307,32 @@ def gym_vectorize_mode(env_id: str, spec, vectorization: str):
             "async": VectorizeMode.ASYNC}[vectorization]
 
 
+def auto_env_threads(num_envs: int) -> int:
+    """env_threads=0: the cores this process may use, or its share of them when ranks share the machine (the
+    launcher says how many in LOCAL_WORLD_SIZE), and never more threads than envs to step."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(num_envs, usable_cores() // ranks_here))
+
+
+def native_thread_kwargs(env_id: str, spec, num_envs: int, threads: int) -> dict:
+    """The keyword that sets a native vector env's stepping threads (`num_threads`, ale-py's), with `threads`
+    or the automatic count; none for an env without one, which refuses a count set explicitly."""
+    from gymnasium.envs.registration import load_env_creator
+
+    entry_point = spec.vector_entry_point
+    creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
+    try:
+        takes_threads = "num_threads" in inspect.signature(creator).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        takes_threads = False
+    if not takes_threads:
+        if threads:
+            raise ConfigError("env_threads", f"gym:{env_id}'s vector entry point takes no num_threads, so its "
+                                             "threads cannot be set (allowed: 0)")
+        return {}
+    return {"num_threads": threads or auto_env_threads(num_envs)}
+
+
 class GymVecEnv(VecEnv):
     """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`: natively
     vectorized by the env's own `vector_entry_point` (ale-py's `AtariVectorEnv` steps its emulators in C++
@@ -300,9 +341,14 @@ class GymVecEnv(VecEnv):
     Copies stepped by gymnasium are asked to reset within the step that ends an episode. A native env resets
     as its `metadata["autoreset_mode"]` says (gymnasium's default, next-step, where it says nothing): a
     next-step env's valid flags mark the step after each end, which only resets; an env that never resets
-    itself (disabled) is reset here, in the step that ended the episode."""
+    itself (disabled) is reset here, in the step that ended the episode.
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto"):
+    A native env that takes `num_threads` steps its copies in that many threads (`threads`, 0: as many as
+    `auto_env_threads` gives); `threads` is then the count it was given, else None. Its start-up (the trainer's
+    `env_start_seconds`) is long for ale-py: it builds its emulators one after the other, each loading the ROM,
+    and its seeded reset loads every ROM again in its threads."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0):
         super().__init__(num_envs)
         import gymnasium
         from gymnasium.vector import AutoresetMode
@@ -310,9 +356,15 @@ class GymVecEnv(VecEnv):
 
         spec = gym_spec(env_id)
         mode = gym_vectorize_mode(env_id, spec, vectorization)
-        # copy=False: each step's observations are copied into the trainer's staging buffer before the next step
-        vector_kwargs = {} if mode == VectorizeMode.VECTOR_ENTRY_POINT else {
-            "vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+        if mode == VectorizeMode.VECTOR_ENTRY_POINT:
+            vector_kwargs = native_thread_kwargs(env_id, spec, num_envs, threads)
+        elif threads:
+            raise ConfigError("env_threads", f"sets a native vector env's own threads, and gym:{env_id} is stepped "
+                                             "as single copies (it has no vector entry point; allowed: 0)")
+        else:
+            # copy=False: each step's observations are copied into the trainer's staging buffer before the next
+            vector_kwargs = {"vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+        self.threads = vector_kwargs.get("num_threads")
         try:
             self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)
         except gymnasium.error.Error as exc:
@@ -371,4 +423,4 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0) -> VecEnv:
     if cfg.env == "synthetic":
         return SyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, cfg.env_cost_us,
                             env_offset, np.dtype(cfg.obs_dtype))
-    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization)
+    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization, cfg.env_threads)

@@ -90,8 +90,10 @@ class Trainer:
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
         n = cfg.envs_per_rank
+        env_start = time.perf_counter()
         self.envs = [make_env(cfg, n // cfg.env_groups, env_offset=rank.rank * n + g * (n // cfg.env_groups))
                      for g in range(cfg.env_groups)]
+        self.env_start_seconds = time.perf_counter() - env_start
         env = self.envs[0]
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
         self.policy, self.dtype_used = build_policy(cfg, env.obs_shape, env.num_actions, obs_dtype, device, autocast)
@@ -118,7 +120,9 @@ class Trainer:
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
         T = cfg.horizon
+        env_start = time.perf_counter()
         self.experience.obs[T].copy_(torch.from_numpy(np.concatenate([env.reset() for env in self.envs])))
+        self.env_start_seconds += time.perf_counter() - env_start
         self.experience.starts[T].fill_(1.0)
 
     def capture(self) -> None:
@@ -293,7 +297,8 @@ class Trainer:
             env.close()
         return RunSummary.of_run(
             self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
-            compile_seconds=self.calls.compile_seconds, dtype_used=self.dtype_used, device=self.device,
+            compile_seconds=self.calls.compile_seconds,
+            env_start_seconds=self.env_start_seconds, dtype_used=self.dtype_used, device=self.device,
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
             h2d_bytes_per_step=self.experience.h2d_bytes_per_step, work=self.work,
             parameters=sum(p.numel() for p in self.policy.parameters()), profiler=self.profiler,

@@ -164,3 +164,38 @@ def test_the_cnn_lstm_policy_learns_catch_from_pixels():
                  minibatch_size=256, learning_rate=1e-3, total_steps=100_000, seed=1, threads=1)
     assert train(validate(TrainConfig(**catch)))["mean_episode_return"] >= 0.9
     assert train(validate(TrainConfig(**catch, lstm=False)))["mean_episode_return"] < 0.65
+
+
+def test_synthetic_frames_are_read_only_views_of_a_bank_drawn_once():
+    """Each step hands out row (global env index + step) of the bank, as a view: nothing is drawn or copied
+    per step, and frames handed out earlier stay as they were."""
+    shape, seed, num_actions, offset, n = (4, 84, 84), 5, 3, 2, 5
+    env = SyntheticEnv(n, seed, shape, num_actions, 0.0, env_offset=offset, obs_dtype=np.dtype(np.uint8))
+    rng = np.random.default_rng(seed)  # the bank and labels the env promises, drawn as it draws them
+    bank = rng.integers(0, 256, size=(env.bank_size, *shape), dtype=np.uint8)
+    labels = rng.integers(num_actions, size=env.bank_size)
+    rows = lambda t: (offset + np.arange(n) + t) % env.bank_size  # noqa: E731
+    first = env.reset()
+    np.testing.assert_array_equal(first, bank[rows(0)])
+    assert not first.flags.owndata and not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0, 0, 0, 0] = 1
+    for t in range(env.bank_size + 3):  # past the ring's end: the rows wrap around
+        obs, rewards, dones, valid = env.step(labels[rows(t)])
+        assert rewards.tolist() == [1.0] * n and valid.all()
+        assert not obs.flags.owndata
+        np.testing.assert_array_equal(obs, bank[rows(t + 1)])
+    np.testing.assert_array_equal(first, bank[rows(0)])
+    obs, rewards, _, _ = env.step((labels[rows(env.bank_size + 3)] + 1) % num_actions)
+    assert rewards.tolist() == [0.0] * n
+    returns, lengths = env.drain_episodes()
+    assert len(returns) > 0 and (lengths <= env.episode_length).all()
+
+
+def test_synthetic_vectors_come_from_the_same_ring_for_more_envs_than_rows():
+    env = SyntheticEnv(5000, 2, (3,), 2, 0.0, env_offset=7)
+    bank = np.random.default_rng(2).standard_normal((env.bank_size, 3)).astype(np.float32)
+    assert env.bank_size < 5000
+    env.reset()
+    obs, _, _, _ = env.step(np.zeros(5000, np.int64))
+    np.testing.assert_array_equal(obs, bank[(7 + np.arange(5000) + 1) % env.bank_size])

@@ -11,8 +11,9 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import reference_trainer.train as train_module
-from reference_trainer.config import ConfigError, TrainConfig, validate
+from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import GymVecEnv
+from rlperf.cpus import usable_cores
 from reference_trainer.train import train
 
 
@@ -99,6 +100,14 @@ class CountdownVectorEnv(gymnasium.vector.VectorEnv):
         return obs, rewards, terminated, np.zeros(self.num_envs, bool), {}
 
 
+class ThreadedCountdownVectorEnv(CountdownVectorEnv):
+    """The native countdown with a thread count to take, as ale-py's vector env takes one."""
+
+    def __init__(self, num_envs: int, num_threads: int = 0):
+        super().__init__(num_envs)
+        self.num_threads = num_threads
+
+
 @pytest.fixture(scope="module", autouse=True)
 def countdown_ids():
     ids = {}
@@ -110,8 +119,11 @@ def countdown_ids():
             ids[mode, poisoned] = env_id
     gymnasium.register("rlperf-test/CountdownVectorOnly-v0", vector_entry_point=CountdownVectorEnv)
     gymnasium.register("rlperf-test/CountdownSingleOnly-v0", entry_point=CountdownEnv)
+    gymnasium.register("rlperf-test/CountdownThreaded-v0", entry_point=CountdownEnv,
+                       vector_entry_point=ThreadedCountdownVectorEnv)
     yield ids
-    for env_id in [*ids.values(), "rlperf-test/CountdownVectorOnly-v0", "rlperf-test/CountdownSingleOnly-v0"]:
+    for env_id in [*ids.values(), "rlperf-test/CountdownVectorOnly-v0", "rlperf-test/CountdownSingleOnly-v0",
+                   "rlperf-test/CountdownThreaded-v0"]:
         gymnasium.registry.pop(env_id)
 
 
@@ -262,3 +274,40 @@ def test_atari_breakout_trains_from_the_command_line(tmp_path):
     # four stacked 84x84 uint8 frames, then rewards, dones and valid flags (ale-py resets on the next step)
     assert summary["h2d_bytes_per_step"] == 4 * 84 * 84 + 3 * 4
     assert "host->device" in proc.stdout
+
+
+def test_env_threads_reach_a_native_env_that_takes_them_and_are_refused_where_none_can(monkeypatch):
+    assert GymVecEnv("rlperf-test/CountdownThreaded-v0", 4, seed=0, threads=3)._env.num_threads == 3
+    automatic = GymVecEnv("rlperf-test/CountdownThreaded-v0", 64, seed=0)
+    assert automatic.threads == automatic._env.num_threads == min(64, usable_cores())
+    assert GymVecEnv("rlperf-test/CountdownThreaded-v0", 1, seed=0).threads == 1  # never more threads than envs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * usable_cores()))  # ranks sharing the cores: at least one each
+    assert GymVecEnv("rlperf-test/CountdownThreaded-v0", 64, seed=0).threads == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    # an env without the knob is built as before when the count is automatic, and refuses a count set
+    assert GymVecEnv("rlperf-test/CountdownVectorOnly-v0", 2, seed=0).threads is None
+    with pytest.raises(ConfigError, match="env_threads: gym:rlperf-test/CountdownVectorOnly-v0's vector entry "
+                                          "point takes no num_threads"):
+        GymVecEnv("rlperf-test/CountdownVectorOnly-v0", 2, seed=0, threads=2)
+    with pytest.raises(ConfigError, match="env_threads: .* gym:rlperf-test/CountdownSingleOnly-v0 is stepped as "
+                                          "single copies"):
+        GymVecEnv("rlperf-test/CountdownSingleOnly-v0", 2, seed=0, threads=2)
+    for values in ({"env": "memory", "env_threads": 2}, {"env": "gym:CartPole-v1", "env_threads": -1},
+                   {"env": "gym:CartPole-v1", "env_threads": 2, "vectorization": "sync"}):
+        with pytest.raises(ConfigError) as err:
+            from_dict(values)
+        assert err.value.field_name == "env_threads"
+
+
+def test_breakout_gives_the_same_transitions_with_one_thread_or_two():
+    pytest.importorskip("ale_py")
+    envs = [GymVecEnv("ale_py:ALE/Breakout-v5", 3, seed=4, threads=threads) for threads in (1, 2)]
+    try:
+        assert [env.threads for env in envs] == [1, 2]
+        np.testing.assert_array_equal(envs[0].reset(), envs[1].reset())
+        for actions in np.random.default_rng(0).integers(envs[0].num_actions, size=(40, 3)):
+            for got, expected in zip(envs[1].step(actions), envs[0].step(actions)):
+                np.testing.assert_array_equal(got, expected)
+    finally:
+        for env in envs:
+            env.close()

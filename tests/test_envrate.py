@@ -1,0 +1,45 @@
+"""`python -m benches.envrate`: the trainer's own env stepped alone, its start-up and rate printed, bad input
+refused in one line."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def envrate(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RLPERF_LOCK": str(tmp_path / "lock")}  # a lock of its own: no wait behind a sweep
+    return subprocess.run([sys.executable, "-m", "benches.envrate", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_the_synthetic_env_alone_reports_its_start_and_rate(tmp_path):
+    proc = envrate(tmp_path, "--env", "synthetic", "--num-envs", "8", "--obs-shape", "4,84,84", "--obs-dtype",
+                   "uint8", "--steps", "10", "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "synthetic: 8 envs, observations [4, 84, 84] uint8" in proc.stdout
+    assert re.search(r"start-up \d+\.\d\d s", proc.stdout)
+    rates = re.search(r"env alone: ([\d,]+) agent steps/s, median of 3 x 10 steps \(([\d, ]+)\)", proc.stdout)
+    assert rates and float(rates[1].replace(",", "")) > 0 and len(rates[2].split(", ")) == 3
+
+
+def test_a_native_env_alone_runs_with_the_threads_it_was_given(tmp_path):
+    pytest.importorskip("ale_py")
+    proc = envrate(tmp_path, "--env", "gym:ale_py:ALE/Breakout-v5", "--num-envs", "2", "--env-threads", "1",
+                   "--steps", "5", "--repeats", "1", "--warmup-steps", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 envs, 1 env threads, observations [4, 84, 84] uint8" in proc.stdout
+
+
+@pytest.mark.parametrize("args, field", [
+    (("--env", "memory", "--env-threads", "2"), "env_threads"),
+    (("--num-envs", "0"), "num_envs"),
+    (("--steps", "0"), "steps"),
+    (("--env", "nowhere"), "env"),
+])
+def test_bad_input_is_one_line_naming_its_field(tmp_path, args, field):
+    proc = envrate(tmp_path, *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and f"error: {field}: " in proc.stderr
