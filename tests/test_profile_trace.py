@@ -15,8 +15,9 @@ from profilers.timeline import clock_check, merge_timeline
 from reference_trainer.config import PHASES
 from rlperf.cli import main
 
-TINY = ["--env", "synthetic", "--num-envs", "8", "--horizon", "8", "--minibatch-size", "32", "--hidden-size", "16",
-        "--total-steps", "192", "--warmup-epochs", "1", "--trace-epochs", "1"]
+TINY_SHAPE = ["--env", "synthetic", "--num-envs", "8", "--horizon", "8", "--minibatch-size", "32", "--hidden-size",
+              "16", "--total-steps", "192", "--warmup-epochs", "1", "--trace-epochs", "1"]
+TINY = [*TINY_SHAPE, "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,7 @@ def test_an_existing_profile_is_never_overwritten(tmp_path, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_profile_has_device_time_kernels_and_nvml_tracks(tmp_path):
     out = tmp_path / "gpu"
-    argv = TINY + ["--device", "cuda", "--num-envs", "64", "--total-steps", "1536"]
+    argv = TINY_SHAPE + ["--device", "cuda", "--num-envs", "64", "--total-steps", "1536"]
     assert main(["profile", *argv, "--out", str(out), "--quiet"]) == 0
     profile = json.loads((out / "profile.json").read_text())
     summary = profile["trace_summary"]

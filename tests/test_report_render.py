@@ -36,7 +36,7 @@ SWEEP = [{"num_envs": n, "dtype": d} for n in (16, 32) for d in ("fp32", "bf16")
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     config = {**TrainConfig().to_dict(), "env": "synthetic", "num_envs": 16, "horizon": 16, "minibatch_size": 128,
-              "update_epochs": 1, "hidden_size": 32, "total_steps": 16 * 16 * 6, "threads": 1}
+              "update_epochs": 1, "hidden_size": 32, "total_steps": 16 * 16 * 6, "threads": 1, "device": "cpu"}
     path = tmp_path_factory.mktemp("summary") / "summary.json"
     subprocess.run(trainer_command(config, path), check=True, capture_output=True, timeout=120)
     return json.loads(path.read_text())

@@ -212,6 +212,7 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
         timeout_s = 120
         sample_hz = 0
         [fixed]
+        device = "cpu"
         env = "synthetic"
         horizon = 16
         hidden_size = 64
