@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benches import suite as suites
-from benches.against import Pairing, frames, resolve_commit, worktree
+from benches.against import Pairing, frames, pair_contention, resolve_commit, worktree
 from benches.peaks import fill_missing
 from benches.cli import add_process_options, sigterm_interrupts, utf8_text
 from benches.runner import PointRunner, UtilizationProbe, trainer_command
@@ -129,7 +129,10 @@ class Night:
         if records["new"].status != "ok" or records["ref"].status != "ok":
             return
         ratios = [new[1]["sps"] / ref[1]["sps"] for ref, new in zip(records["ref"].samples, records["new"].samples)]
-        self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios))
+        busy = [f"pair {pair + 1} {note}" for pair in range(len(ratios))
+                if (note := pair_contention(records, pair, {"ref": "baseline", "new": "new"}))]
+        self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios)
+                 + (f"; left out: {', '.join(busy)}" if busy else ""))
 
     def confirm(self, chosen: list[rules.Screened], points: list[suites.Point], sides: dict[str, PointRunner],
                 record: Record, gpu_uuids: Callable[[suites.Point], list[str]],

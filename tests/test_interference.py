@@ -170,12 +170,32 @@ def test_a_sweep_repeat_beside_another_gpu_program_is_contended_with_the_reason(
     assert account["contended"] and f"other programs computed on the GPU ({other_program} sleep)" in account["why"]
 
 
+def test_a_gate_or_against_pair_beside_another_gpu_program_says_contended_and_why(monkeypatch, other_program):
+    from benches.against import pair_contention
+
+    fake_nvml(monkeypatch, lambda call: [other_program])
+    records = {side: PointRecord("{}", POINT, "ok", utc_now(), 0.0) for side in ("ref", "new")}
+    for side, uuids in (("ref", [GPU]), ("new", [])):
+        monitor = InterferenceMonitor(uuids)
+        monitor.start()
+        account = monitor.stop()
+        # the CPU is taken as quiet here, so the GPU alone decides
+        account["others_cores"] = account["steal_share"] = 0.0
+        account["contended"] = bool(contention(account))
+        account["why"] = "; ".join(detail for _, detail in contention(account))
+        records[side].samples.append((0, {"sps": 1000.0, "interference": account}))
+    assert pair_contention(records, 0, {"ref": "baseline", "new": "new"}) == \
+        f"contended (baseline: other programs computed on the GPU ({other_program} sleep))"
+
+
 def start_other_program(command: list[str]) -> int:
     """Starts `command` as another program would run: in a session of its own, orphaned by its short-lived
     parent, so it is no descendant of this test. Returns its PID."""
+    # the program gets no handle on the parent's pipe, so reading the parent's output ends with the parent
     parent = subprocess.run([sys.executable, "-c", "import subprocess, sys\n"
-                             f"p = subprocess.Popen({command!r}, start_new_session=True)\nprint(p.pid)"],
-                            capture_output=True, text=True, check=True)
+                             f"p = subprocess.Popen({command!r}, start_new_session=True, stdin=subprocess.DEVNULL, "
+                             "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint(p.pid)"],
+                            capture_output=True, text=True, check=True, timeout=60)
     return int(parent.stdout)
 
 
