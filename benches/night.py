@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from benches import suite as suites
 from benches.options import ProcessOptions
-from benches.pairing import SIDES, Pairing, frames
+from benches.pairing import SIDES, Pairing, frames, pair_contention
 from benches.runner import PointRunner
 from decisions import screening as rules
 from decisions.verdicts import PointVerdict, is_contended
@@ -91,7 +91,10 @@ class Night:
         if records["new"].status != "ok" or records["ref"].status != "ok":
             return
         ratios = [new[1]["sps"] / ref[1]["sps"] for ref, new in zip(records["ref"].samples, records["new"].samples)]
-        self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios))
+        busy = [f"pair {pair + 1} {note}" for pair in range(len(ratios))
+                if (note := pair_contention(records, pair, {"ref": "baseline", "new": "new"}))]
+        self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios)
+                 + (f"; left out: {', '.join(busy)}" if busy else ""))
 
     def confirm(self, chosen: list[rules.Screened], points: list[suites.Point], sides: dict[str, PointRunner],
                 record: Record, gpu_uuids: Callable[[suites.Point], list[str]],

@@ -15,7 +15,7 @@ import pandas as pd
 from benches import suite as suites
 from benches.runner import PointRunner
 from decisions.sequential import Design, pairs_to_decide
-from decisions.verdicts import PointVerdict, fmt_interval, judge_pair_point
+from decisions.verdicts import PointVerdict, fmt_interval, is_contended, judge_pair_point
 from rlperf.store import PointRecord, point_label
 
 SIDES = ("ref", "new")
@@ -128,9 +128,20 @@ class Pairing:
         first = records["new"].samples[-1][1]["pair"]["first"]
         text = (f"{point.label} pair {pair + 1}: {self.names['ref']} {ref_sps:,.0f} SPS, "
                 f"{self.names['new']} {new_sps:,.0f} SPS ({self.names[first]} first)")
+        contended = pair_contention(records, -1, self.names)
+        if contended:
+            text += f"; {contended}, left out"
         decision = verdict.decision
         if decision.pairs in self.design.looks or decision.stopped:
             text += f"; look at {decision.pairs} quiet pairs: {verdict.status}"
             if verdict.sps is not None and decision.stopped:
                 text += f", change {verdict.sps.relative:+.1%} {fmt_interval(verdict.sps)}"
         self.say(text)
+
+
+def pair_contention(records: dict[str, PointRecord], pair: int, names: dict[str, str]) -> str:
+    """`contended (NAME: why; ...)` for a pair (an index into both sides' samples) whose machine was busy, or ''."""
+    whys = [f"{names[side]}: {summary['interference']['why']}"
+            for side, (_, summary) in ((side, records[side].samples[pair]) for side in SIDES)
+            if is_contended(summary)]
+    return f"contended ({'; '.join(whys)})" if whys else ""

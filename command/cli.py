@@ -17,7 +17,7 @@ from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault
 
 SUBCOMMANDS = {
     "train": ("reference_trainer.cli", "train PPO+LSTM and print a per-phase time breakdown"),
-    "selfcheck": ("reference_trainer.selfcheck", "check that injected delays land in the right phase"),
+    "selfcheck": ("profilers.selfcheck", "check that injected delays land in the right phase"),
     "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
     "bisect": ("benches.bisect", "find the first commit between GOOD and BAD at which a point got slower"),
     "gate": ("benches.gate", "did any point of a suite get slower than at a baseline commit? both measured now"),

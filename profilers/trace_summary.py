@@ -5,17 +5,26 @@ compute / non-compute time and the kernel breakdown. HTA does not analyse CPU-on
 breakdown needs device activity and fails without it) and it reports no event counts or copy sizes, so
 host ranges, operator self time, launch, kernel and synchronisation counts and copy bytes are read from
 the trace events directly, for both kinds of trace.
+
+HTA rounds a trace's nanosecond timestamps to whole microseconds by default, each start up and each end
+down, so a kernel shorter than a microsecond that does not straddle one gets a duration of -1 us, and every
+kernel loses up to 2 us. A small run's kernels mostly last under a microsecond on an H100: its busy time read
+a third of the truth and HTA's temporal breakdown failed its own check (non-compute time below zero). The
+summary reads the trace at its own resolution instead. Should HTA's time breakdown still fail, the summary
+says why in one line and keeps the kernel breakdown and everything read from the events.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import traceback
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
 from profilers import trace_events
-from reference_trainer.config import PHASES
+from reference_trainer.config import PHASES, from_dict
 
 TOP_N = 10
 # Host API calls that put work on the device; a CUDA graph replay counts once, like any launch.
@@ -30,16 +39,18 @@ SYNC_CALLS = frozenset({
     "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
 })
 HOST_API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+HTA_NS_ROUNDING_OFF = "HTA_DISABLE_NS_ROUNDING"
 
 
 def summarize_trace(path: str | Path, run_summary: dict) -> dict:
     """Summary of the trace at `path`; `run_summary` is the trainer's --json summary of the same run."""
     path = Path(path)
     trace = trace_events.load(path)
-    config = run_summary["config"]
-    steps_per_epoch = config["num_envs"] // config["world_size"] * config["horizon"]
+    config = from_dict(run_summary["config"])
+    # the trace is one rank's, so its epochs hold that rank's share of the batch
+    steps_per_epoch = config.envs_per_rank * config.horizon
     profiler_steps = trace_events.profiler_steps(trace)
-    epochs = len(profiler_steps) or config["trace_epochs"]
+    epochs = len(profiler_steps) or config.trace_epochs
     env_steps = epochs * steps_per_epoch
     has_gpu = bool(trace_events.complete_events(trace, trace_events.GPU_ACTIVITY_CATEGORIES))
 
@@ -58,7 +69,7 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
     }
     if has_gpu:
         summary.update(_gpu_event_counts(trace, epochs, env_steps))
-        summary.update(_hta_device_time(path))
+        summary.update(_hta_device_time(path, trace))
     else:
         summary["gpu"] = None
         summary["gpu_unavailable"] = "CPU trace: no device activity to analyse"
@@ -139,14 +150,22 @@ def _gpu_event_counts(trace: dict, epochs: int, env_steps: int) -> dict:
 
 
 @contextmanager
-def _hta_quiet():
+def _hta_at_trace_resolution():
+    """HTA quiet, and reading timestamps as they are (see the module's docstring); HTA reads the setting from
+    the environment when it parses, so it is set for the parse alone."""
     hta_logger = logging.getLogger("hta")
     level = hta_logger.level
+    rounding = os.environ.get(HTA_NS_ROUNDING_OFF)
     hta_logger.setLevel(logging.ERROR)
+    os.environ[HTA_NS_ROUNDING_OFF] = "1"
     try:
         yield
     finally:
         hta_logger.setLevel(level)
+        if rounding is None:
+            os.environ.pop(HTA_NS_ROUNDING_OFF, None)
+        else:
+            os.environ[HTA_NS_ROUNDING_OFF] = rounding
 
 
 def _drop_device_ranges(analysis) -> None:
@@ -158,34 +177,71 @@ def _drop_device_ranges(analysis) -> None:
             analysis.t.traces[rank] = frame[frame["cat"] != category]
 
 
-def _hta_device_time(path: Path) -> dict:
+def _hta_device_time(path: Path, trace: dict) -> dict:
     from hta.trace_analysis import TraceAnalysis
 
     try:
-        with _hta_quiet():
+        with _hta_at_trace_resolution():
             analysis = TraceAnalysis(trace_files={0: str(path)}, trace_dir=str(path.parent),
                                      include_last_profiler_step=True)
-            _drop_device_ranges(analysis)
-            temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+    except Exception as exc:  # HTA raises whatever its parser meets; the host-side summary still stands
+        return {"gpu": None, "gpu_unavailable": f"HTA could not read the trace ({_exception_text(exc)})",
+                "top_kernels": []}
+    _drop_device_ranges(analysis)
+    result = {"gpu": None, "top_kernels": []}
+    unavailable = []
+    try:
+        with _hta_at_trace_resolution():
             _, kernels = analysis.get_gpu_kernel_breakdown(visualize=False, num_kernels=TOP_N, duration_ratio=1.0,
                                                            include_memory_kernels=True)
-    except Exception as exc:  # HTA raises whatever its parser meets; the host-side summary still stands
-        return {"gpu": None, "gpu_unavailable": f"HTA could not analyse the trace ({type(exc).__name__}: {exc})"}
-    span = float(temporal["kernel_time(us)"])
-    idle = float(temporal["idle_time(us)"])
-    top = kernels.sort_values("sum (us)", ascending=False).head(TOP_N)
-    return {
-        "gpu": {
+        result["top_kernels"] = _top_kernels(kernels, trace)
+    except Exception as exc:
+        unavailable.append(f"HTA's kernel breakdown failed ({_exception_text(exc)})")
+    try:
+        with _hta_at_trace_resolution():
+            temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+        span = float(temporal["kernel_time(us)"])
+        idle = float(temporal["idle_time(us)"])
+        result["gpu"] = {
             "span_us": span,
             "busy_us": span - idle,
             "idle_us": idle,
             "busy_fraction": (span - idle) / span if span else None,
             "compute_us": float(temporal["compute_time(us)"]),
             "non_compute_us": float(temporal["non_compute_time(us)"]),
-        },
-        "top_kernels": [
-            {"name": row["name"], "kind": row["kernel_type"], "total_us": float(row["sum (us)"]),
-             "calls": round(row["sum (us)"] / row["mean (us)"]) if row["mean (us)"] else None}
-            for _, row in top.iterrows()
-        ],
-    }
+        }
+    except Exception as exc:
+        unavailable.append(f"HTA's time breakdown failed ({_exception_text(exc)}); device time per phase, "
+                           "kernel counts and copies are read from the trace events")
+    if unavailable:
+        result["gpu_unavailable"] = "; ".join(unavailable)
+    return result
+
+
+def _exception_text(exc: Exception) -> str:
+    """The exception in a line, with where it was raised when it has no message (HTA's bare asserts)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not str(exc):
+        where = frames[-1]
+        text += f" at {Path(where.filename).name}:{where.lineno} `{where.line}`"
+    return text.replace("\n", " ")
+
+
+def _top_kernels(kernels, trace: dict) -> list[dict]:
+    """HTA's kernel breakdown, with call counts from the trace events: once HTA folds the kernels past its
+    top N into "others", its mean is over kernel names, not calls."""
+    from hta.utils.utils import get_kernel_type
+
+    calls = Counter(e["name"] for e in trace_events.complete_events(trace, trace_events.GPU_ACTIVITY_CATEGORIES))
+    named = set(kernels["name"]) - {"others"}
+    others_calls: Counter[str] = Counter()
+    for name, count in calls.items():
+        if name not in named:
+            others_calls[get_kernel_type(name)] += count
+    top = kernels.sort_values("sum (us)", ascending=False).head(TOP_N)
+    return [
+        {"name": row["name"], "kind": row["kernel_type"], "total_us": float(row["sum (us)"]),
+         "calls": others_calls[row["kernel_type"]] if row["name"] == "others" else calls[row["name"]]}
+        for _, row in top.iterrows()
+    ]

@@ -25,6 +25,7 @@ from command.cli import main
 SUITE = """
     sample_hz = 0
     [fixed]
+    device = "cpu"
     env = "synthetic"
     horizon = 8
     hidden_size = 16
@@ -183,7 +184,7 @@ def test_compile_runs_on_a_cpu_and_reports_its_time_apart(tmp_path):
     out = tmp_path / "run.json"
     done = subprocess.run([sys.executable, "-m", "rlperf", "train", "--env", "synthetic", "--num-envs", "8",
                            "--horizon", "8", "--minibatch-size", "64", "--hidden-size", "16", "--total-steps", "256",
-                           "--threads", "1", "--compile", "--quiet", "--json", str(out)],
+                           "--threads", "1", "--device", "cpu", "--compile", "--quiet", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
@@ -193,7 +194,7 @@ def test_compile_runs_on_a_cpu_and_reports_its_time_apart(tmp_path):
 def test_torchrun_refuses_a_world_size_it_did_not_start(tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "rlperf", "train", "--env", "synthetic", "--num-envs", "8", "--horizon", "8",
-                           "--minibatch-size", "64", "--total-steps", "256", "--world-size", "4", "--quiet"],
+                           "--minibatch-size", "64", "--total-steps", "256", "--world-size", "4", "--device", "cpu", "--quiet"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode != 0
     assert "world_size: the launcher started 2 ranks but world_size is 4" in done.stdout + done.stderr

@@ -27,8 +27,7 @@ from rlperf.processes import RANK_DIR_ENV, Heartbeat, heartbeat_path
 
 CPU_MACHINE = Machine(torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gpus=[])
 # Tiny real-trainer settings: a few epochs of a small synthetic-env policy, seconds per process.
-TINY = """
-    [fixed]
+TINY_SETTINGS = """
     env = "synthetic"
     horizon = 8
     hidden_size = 16
@@ -36,6 +35,7 @@ TINY = """
     update_epochs = 1
     total_steps = 512
 """
+TINY = '\n[fixed]\ndevice = "cpu"\n' + textwrap.dedent(TINY_SETTINGS)
 STAND_IN = textwrap.dedent("""
     import json, sys, time
     behaviour, config, summary_path = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
@@ -54,10 +54,10 @@ STAND_IN = textwrap.dedent("""
 """)
 
 
-def write_suite(tmp_path, options, axes):
-    """A suite of top-level `options`, the TINY fixed settings and `axes` (TOML sections)."""
+def write_suite(tmp_path, options, axes, fixed=TINY):
+    """A suite of top-level `options`, the `fixed` settings (TINY's, on the CPU) and `axes` (TOML sections)."""
     path = tmp_path / "trial.toml"
-    path.write_text("\n".join(textwrap.dedent(part) for part in (options, TINY, axes)))
+    path.write_text("\n".join(textwrap.dedent(part) for part in (options, fixed, axes)))
     return path
 
 
@@ -84,7 +84,7 @@ def test_crash_hang_and_ignored_setting_become_stored_points_and_the_sweep_goes_
         [[exclude]]
         device = "cuda"
         num_envs = [16, 24, 32, 40]
-    """)
+    """, fixed="[fixed]\n" + textwrap.dedent(TINY_SETTINGS))  # a stand-in trainer: the device is the axis
     out = tmp_path / "out"
     screen = console()
     # The timeout must cover interpreter start-ups on a busy machine; the hang (120 s) is what it must cut.

@@ -112,6 +112,7 @@ timeout_s = 300
 sample_hz = 0
 
 [fixed]
+device = "cpu"
 env = "synthetic"
 num_envs = 16
 horizon = 8

@@ -27,6 +27,7 @@ TINY_TRAIN = ["--env", "synthetic", "--num-envs", "16", "--horizon", "8", "--min
               "--total-steps", "512"]
 FIXED = """
     [fixed]
+    device = "cpu"
     env = "synthetic"
     num_envs = 16
     horizon = 8

@@ -132,6 +132,7 @@ timeout_s = 300
 sample_hz = 0
 
 [fixed]
+device = "cpu"
 env = "synthetic"
 horizon = 8
 minibatch_size = 64

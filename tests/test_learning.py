@@ -22,7 +22,7 @@ from decisions.learning import (FASTER_LEARNS_WORSE, Durations, compare_solve, j
                               share_solved)
 
 MEMORY = dict(env="memory", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 10,
-              threads=1)
+              threads=1, device="cpu")
 
 
 def epoch(episodes: int, mean: float | None, end: float = 1.0) -> dict:

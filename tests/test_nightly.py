@@ -23,6 +23,7 @@ SUITE = """
     repeats = 1
     sample_hz = 0
     [fixed]
+    device = "cpu"
     env = "synthetic"
     horizon = 8
     hidden_size = 16

@@ -14,7 +14,8 @@ from reference_trainer.policy import Policy
 from reference_trainer.train import Trainer, train
 
 PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="cnn", num_envs=4, horizon=4,
-              minibatch_size=8, hidden_size=32, cnn_channels=8, total_steps=4 * 4 * 3, threads=1)
+              minibatch_size=8, hidden_size=32, cnn_channels=8, total_steps=4 * 4 * 3, threads=1,
+              device="cpu")
 
 
 def test_pixels_stay_uint8_from_the_env_to_the_minibatch():

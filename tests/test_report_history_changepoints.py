@@ -162,6 +162,7 @@ TINY = """
     timeout_s = 120
     sample_hz = 0
     [fixed]
+    device = "cpu"
     env = "synthetic"
     num_envs = 16
     horizon = 8

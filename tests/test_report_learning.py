@@ -30,7 +30,7 @@ FINGERPRINT = {"git": {"commit": "0123456789abcdef", "dirty": False}, "torch": "
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     config = {**TrainConfig().to_dict(), "env": "memory", "num_envs": 16, "horizon": 8, "minibatch_size": 64,
-              "hidden_size": 32, "total_steps": 16 * 8 * 6, "threads": 1, "target_return": 0.9}
+              "hidden_size": 32, "total_steps": 16 * 8 * 6, "threads": 1, "target_return": 0.9, "device": "cpu"}
     path = tmp_path_factory.mktemp("summary") / "summary.json"
     subprocess.run(trainer_command(config, path), check=True, capture_output=True, timeout=120)
     return json.loads(path.read_text())

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 REPEATS = 7  # a side: at 99%, 5 against 5 decide only when completely apart; 7 leave room for a busy machine
 POINT = {"env": "synthetic", "num_envs": 16, "horizon": 16, "minibatch_size": 128, "update_epochs": 1,
-         "hidden_size": 32, "total_steps": 16 * 16 * 12, "warmup_epochs": 1, "threads": 1}
+         "hidden_size": 32, "total_steps": 16 * 16 * 12, "warmup_epochs": 1, "threads": 1, "device": "cpu"}
 DELAYED_PHASE = "learn"
 
 

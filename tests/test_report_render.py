@@ -36,7 +36,7 @@ SWEEP = [{"num_envs": n, "dtype": d} for n in (16, 32) for d in ("fp32", "bf16")
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     config = {**TrainConfig().to_dict(), "env": "synthetic", "num_envs": 16, "horizon": 16, "minibatch_size": 128,
-              "update_epochs": 1, "hidden_size": 32, "total_steps": 16 * 16 * 6, "threads": 1}
+              "update_epochs": 1, "hidden_size": 32, "total_steps": 16 * 16 * 6, "threads": 1, "device": "cpu"}
     path = tmp_path_factory.mktemp("summary") / "summary.json"
     subprocess.run(trainer_command(config, path), check=True, capture_output=True, timeout=120)
     return json.loads(path.read_text())
@@ -347,6 +347,12 @@ def test_bad_input_prints_no_traceback_from_the_console_script(tmp_path):
     assert result.stderr.strip().count("\n") == 0
 
 
+def flops(text: str) -> float:
+    """`480 MFLOP/s` as 4.8e8."""
+    number, unit = text.split()
+    return float(number) * 1000 ** max(" kMGT".find(unit[0]), 0)
+
+
 def test_compare_two_machines_with_prices(store, summary, measured_peaks, tmp_path, capsys):
     path, baseline, _ = store
     gpu_store = tmp_path / "gpu.sqlite"
@@ -363,12 +369,15 @@ def test_compare_two_machines_with_prices(store, summary, measured_peaks, tmp_pa
     assert float(cells[6]) == pytest.approx(sps_a * 3600 / 0.35 / 1e6, rel=0.01)
     assert float(cells[7]) == pytest.approx(sps_b * 3600 / 8 / 1e6, rel=0.01)
     assert "## Phase shares" in markdown
-    # each machine against its own peaks (both measured here, so the faster one reaches 3x the share)
+    # each machine against its own stored peaks (both measured here, so the faster one reaches 3x the share);
+    # the shares print to a tenth of a percent, too coarse for a ratio where the peaks are high (0.4% and 1.1%
+    # of a 16-core host's 127 GFLOP/s read 2.75), so the ratio is taken from the rates, printed to 3 figures
     headline = next(line for line in markdown.splitlines() if line.startswith("dtype=fp32, num_envs=16: h100 runs"))
-    share_a, share_b = (float(share) for share in re.findall(r"reach ([\d.]+)%|, h100's ([\d.]+)%", headline)
-                        for share in share if share)
-    assert headline.startswith("dtype=fp32, num_envs=16: h100 runs 3.00× as fast as") and share_b / share_a == \
-        pytest.approx(3.0, rel=0.05)
+    assert headline.startswith("dtype=fp32, num_envs=16: h100 runs 3.00× as fast as")
+    (achieved_a, roof_a), (achieved_b, roof_b) = (
+        (flops(achieved), flops(roof)) for achieved, roof in re.findall(r"\(([\d.]+ [kMGT]?FLOP/s) of ([\d.]+ [kMGT]?FLOP/s)\)",
+                                                                       headline))
+    assert roof_a == roof_b and achieved_b / achieved_a == pytest.approx(3.0, rel=0.02)
     assert HOSTILE not in (out / "report.html").read_text()
     assert main(["compare", str(path), str(gpu_store), "--price", "A=free", "--out", str(out)]) == 2
     one_line_error(capsys, "price")

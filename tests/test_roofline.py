@@ -193,16 +193,18 @@ def test_rlperf_probe_prints_and_stores_the_roofs_and_refuses_bad_input(tmp_path
     monkeypatch.setitem(probe.MEMORY_BYTES, "cpu", 8 * 2**20)
     monkeypatch.setitem(peaks.ROOF_SIDES, "cpu", (64, 128))
     path, rows = tmp_path / "results.sqlite", tmp_path / "peaks.json"
-    assert main(["probe", "--threads", "1", "--store", str(path), "--json", str(rows)]) == 0
+    assert main(["probe", "--device", "cpu", "--threads", "1", "--store", str(path), "--json", str(rows)]) == 0
     printed = capsys.readouterr().out
     assert "median of 7 timings" in printed and "µs/op" in printed
     measured = json.loads(rows.read_text())
     assert {row["op"] for row in measured} == {peaks.ROOF, peaks.MEMORY, peaks.DISPATCH}
     with Store.open(path, readonly=True) as store:
         assert len(store.peaks()) == len(measured)
-    assert main(["probe", "--device", "cuda:7"]) == 2
+    # more GPUs than any machine here has, so it is refused with a GPU or without one
+    assert main(["probe", "--device", "cuda:99"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith("rlperf probe: error: device: device=cuda:7 needs a CUDA GPU") and "\n" not in error
+    assert error.startswith("rlperf probe: error: device: device=cuda:99 ") and "\n" not in error
+    assert "needs a CUDA GPU; none is visible" in error or "needs 100 GPUs" in error
     for args, field in ((["--device", "tpu"], "--device"), (["--threads", "0"], "--threads")):
         with pytest.raises(SystemExit) as exited:
             main(["probe", *args])
@@ -219,6 +221,7 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
         timeout_s = 120
         sample_hz = 0
         [fixed]
+        device = "cpu"
         env = "synthetic"
         horizon = 16
         hidden_size = 64

@@ -12,7 +12,8 @@ from reference_trainer.policy import Policy
 from reference_trainer.ppo import gae
 from reference_trainer.train import train
 
-SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6)
+SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6,
+             device="cpu")
 
 
 def small(**overrides) -> TrainConfig:

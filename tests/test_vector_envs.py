@@ -216,7 +216,7 @@ def test_async_copies_give_the_transitions_sync_copies_give():
 
 
 SMALL = dict(num_envs=8, horizon=8, minibatch_size=32, hidden_size=16, total_steps=8 * 8 * 6, threads=1,
-             update_epochs=2)
+             update_epochs=2, device="cpu")
 
 
 def per_epoch_losses(summary: dict) -> list[dict]:

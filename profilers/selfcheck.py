@@ -1,0 +1,78 @@
+"""`rlperf selfcheck`: proves the phase breakdown puts time where it was spent (reference_trainer/selfcheck.py),
+each training bracketed by the interference monitor, as a sweep's repeats are.
+
+A share short of its delay on a quiet machine is a FAIL: the timer charged the delay elsewhere. A share short of
+it while another process used the CPU or the run's GPU is `contended`, with the reason, and proves nothing
+either way; run it again on a quiet machine. Exit 0 when every phase is ok, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from profilers.interference import InterferenceMonitor
+from reference_trainer import selfcheck
+from reference_trainer.config import TrainConfig
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--delay-ms", type=float, default=40.0, help="delay injected per epoch (default 40)")
+    parser.add_argument("--epochs", type=int, default=12, help="epochs per run (default 12)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+
+
+def gpu_uuids(device: str) -> list[str]:
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return []  # a CPU run, or one the trainer refuses
+    from rlperf.machine import cuda_uuid
+
+    return [cuda_uuid(torch.device(device).index or 0)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from reference_trainer.train import train
+    from rlperf.errors import BadInput
+
+    if args.delay_ms <= 0 or args.epochs < 4:
+        raise BadInput("--delay-ms must be positive and --epochs at least 4")
+    uuids = gpu_uuids(args.device)
+    accounts: dict[str, dict] = {}
+
+    def monitored(name: str, config: TrainConfig) -> dict:
+        monitor = InterferenceMonitor(uuids, in_process=True)
+        monitor.start()
+        try:
+            return train(config)
+        finally:
+            accounts[name] = monitor.stop()
+
+    shares = selfcheck.attributed_shares(args.delay_ms, args.epochs, args.device, monitored)
+    table = Table(title=f"{args.delay_ms:g} ms injected per epoch; share attributed to the phase")
+    table.add_column("phase")
+    table.add_column("attributed", justify="right")
+    table.add_column("verdict")
+    contended_runs = []
+    for row, share in shares.items():
+        if share >= selfcheck.REQUIRED_SHARE:
+            verdict = "[green]ok[/green]"
+        else:
+            busy = [name for name in (selfcheck.BASELINE, selfcheck.delayed_run(row)) if accounts[name]["contended"]]
+            verdict = "[yellow]contended[/yellow]" if busy else "[red]FAIL[/red]"
+            contended_runs += [name for name in busy if name not in contended_runs]
+        table.add_row(row, f"{100 * share:.1f}%", verdict)
+    console = Console()
+    console.print(table)
+    for name in contended_runs:
+        console.print(f"contended: the {name} run: {accounts[name]['why']}", soft_wrap=True)
+    if contended_runs:
+        console.print("a contended share proves nothing either way: run selfcheck again on a quiet machine",
+                      soft_wrap=True)
+    unwatched = {account["gpu_watch_unavailable"] for account in accounts.values() if account["gpu_watch_unavailable"]}
+    for reason in sorted(unwatched):
+        console.print(f"note: {reason}", soft_wrap=True)
+    return 0 if all(share >= selfcheck.REQUIRED_SHARE for share in shares.values()) else 1
