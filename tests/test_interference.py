@@ -171,7 +171,7 @@ def test_a_sweep_repeat_beside_another_gpu_program_is_contended_with_the_reason(
 
 
 def test_a_gate_or_against_pair_beside_another_gpu_program_says_contended_and_why(monkeypatch, other_program):
-    from benches.against import pair_contention
+    from benches.pairing import pair_contention
 
     fake_nvml(monkeypatch, lambda call: [other_program])
     records = {side: PointRecord("{}", POINT, "ok", utc_now(), 0.0) for side in ("ref", "new")}
