@@ -172,9 +172,7 @@ class Policy(nn.Module):
         longest, whose extra steps cost compute and feed nothing that is read."""
         T, B, H = x.shape
         pieces = EpisodePieces(starts)
-        # The one host read of this call: the packed layout's batch sizes, T integers (a sync on a GPU).
-        batch_sizes = pieces.batch_sizes.cpu()
-        batch_sizes = batch_sizes[batch_sizes > 0]
+        batch_sizes = pieces.host_batch_sizes()
         count = int(batch_sizes[0])
         first = pieces.order[:count]  # each piece's first step, flat over [T, B]
         carried = (first < B).unsqueeze(-1)  # a sequence's first piece, not an episode start: its carried state
@@ -235,6 +233,12 @@ class EpisodePieces:
         counts = torch.zeros(T + 1, dtype=torch.long, device=starts.device).scatter_add_(0, length.flatten(),
                                                                                          begins.flatten().long())
         self.batch_sizes = counts.flip(0).cumsum(0).flip(0)[1:]
+
+    def host_batch_sizes(self) -> torch.Tensor:
+        """The batch sizes on the host, as a PackedSequence and the padded length need them, trailing zeros
+        dropped: the one read of a device value per sequence call (on a GPU, a wait for the queued work)."""
+        batch_sizes = self.batch_sizes.cpu()
+        return batch_sizes[batch_sizes > 0]
 
     def packed_index(self) -> torch.Tensor:
         """Where each step (flat t * B + b) sits in the packed data: after the pieces of every shorter offset."""
