@@ -154,7 +154,9 @@ class Policy(nn.Module):
 
     def stepped_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                          starts: torch.Tensor) -> torch.Tensor:
-        keep = (1.0 - starts).unsqueeze(-1)
+        # In the features' dtype: under autocast a float32 mask would promote each step's bfloat16 or float16
+        # state to float32, and the cell would cast it back, two casts a step forward and two backward.
+        keep = (1.0 - starts).unsqueeze(-1).to(x.dtype)
         hidden = []
         # unbind, not x[t]: each indexing's backward would write a zero-filled copy of all of x
         for x_t, keep_t in zip(x.unbind(0), keep.unbind(0)):
