@@ -1,7 +1,10 @@
 """Encoder (MLP or CNN) -> LSTM -> actor and critic heads.
 
 The rollout steps the recurrent cell once per environment step; training runs whole sequences through
-the same cell weights, zeroing the state exactly where an episode started, so both see the same function.
+the same weights, with the state zeroed exactly where an episode started, so both see the same function.
+Training cuts each sequence at its episode starts into pieces that cross no start, and runs all pieces
+through nn.LSTM's fused kernel (cuDNN on a GPU, oneDNN on a CPU) in one call, each from its true initial
+state: the carried state for a sequence's first piece, zeros for a piece that begins an episode.
 uint8 observations (pixels) arrive on the device as bytes and are scaled to [0, 1] here.
 """
 
@@ -12,8 +15,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from reference_trainer.config import CNN_LAYERS, cnn_feature_map, cnn_refusal, image_layout
+
+# nn.LSTMCell's weights, in the order nn.LSTM keeps them (its names add the layer, `_l0`)
+LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 
 class ConvEncoder(nn.Module):
@@ -60,6 +67,12 @@ class Policy(nn.Module):
             self.encoder = nn.Sequential(nn.Linear(math.prod(obs_shape), hidden_size), nn.ReLU())
         if use_lstm:
             self.cell = nn.LSTMCell(hidden_size, hidden_size)
+            # Training's fused sequence kernel, weight-tied to the rollout's cell: the same Parameters, so one
+            # optimizer step moves both. Built on the meta device and given the cell's weights, so it draws no
+            # random numbers (the policy initialises as it did before it had one).
+            self.lstm = nn.LSTM(hidden_size, hidden_size, device="meta")
+            for name in LSTM_WEIGHTS:
+                setattr(self.lstm, f"{name}_l0", getattr(self.cell, name))
         else:
             self.core = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU())
         self.actor = nn.Linear(hidden_size, num_actions)
@@ -95,14 +108,21 @@ class Policy(nn.Module):
         return h.to(gates.dtype), c
 
     def compute_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype the recurrent core really computes in under the current autocast state."""
+        """The dtype the recurrent core really computes in under the current autocast state: the rollout's
+        step and training's sequences are both asked, and one that differs from the autocast dtype (float32
+        without autocast) is the answer, so a caller comparing it with the dtype it asked for sees either."""
         x = torch.zeros(1, self.hidden_size, device=device)
         with torch.no_grad():
             if not self.use_lstm:
                 return self.core(x).dtype
             if self.fused_cell:
-                return self.cell(x, (x, x))[0].dtype
-            return F.linear(x, self.cell.weight_hh, self.cell.bias_hh).dtype
+                step = self.cell(x, (x, x))[0].dtype
+            else:
+                step = F.linear(x, self.cell.weight_hh, self.cell.bias_hh).dtype
+            starts = torch.tensor([[0.0], [1.0]], device=device)
+            sequence = self.recurrent_sequence(x.expand(2, 1, -1), x, x, starts).dtype
+        requested = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else torch.float32
+        return next((dtype for dtype in (step, sequence) if dtype != requested), requested)
 
     def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor):
         """One rollout step. `start` is 1.0 where `obs` begins a new episode (the state is zeroed there)."""
@@ -118,14 +138,114 @@ class Policy(nn.Module):
     def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, starts: torch.Tensor):
         """Whole sequences `[T, B, ...]` from their initial states; returns logits `[T, B, A]`, values `[T, B]`."""
         x = self.encode(obs)
-        if self.use_lstm:
-            keep = (1.0 - starts).unsqueeze(-1)
-            hidden = []
-            # unbind, not x[t]: each indexing's backward would write a zero-filled copy of all of x
-            for x_t, keep_t in zip(x.unbind(0), keep.unbind(0)):
-                h, c = self.recur(x_t, h * keep_t, c * keep_t)
-                hidden.append(h)
-            x = torch.stack(hidden)
-        else:
-            x = self.core(x)
+        x = self.recurrent_sequence(x, h, c, starts) if self.use_lstm else self.core(x)
         return self.actor(x), self.critic(x).squeeze(-1)
+
+    def recurrent_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                           starts: torch.Tensor) -> torch.Tensor:
+        """The LSTM over features `[T, B, H]` from states `[B, H]`, zeroed where `starts` is 1; returns `[T, B, H]`.
+
+        The fused kernel needs each call's piece lengths on the host, and neither a CUDA graph capture nor a
+        torch.compile trace can read a device value: those run the same function one cell step at a time
+        (`stepped_sequence`), whose shapes are fixed and which reads nothing back."""
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self.stepped_sequence(x, h, c, starts)
+        return self.pieced_sequence(x, h, c, starts)
+
+    def stepped_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                         starts: torch.Tensor) -> torch.Tensor:
+        # In the features' dtype: under autocast a float32 mask would promote each step's bfloat16 or float16
+        # state to float32, and the cell would cast it back, two casts a step forward and two backward.
+        keep = (1.0 - starts).unsqueeze(-1).to(x.dtype)
+        hidden = []
+        # unbind, not x[t]: each indexing's backward would write a zero-filled copy of all of x
+        for x_t, keep_t in zip(x.unbind(0), keep.unbind(0)):
+            h, c = self.recur(x_t, h * keep_t, c * keep_t)
+            hidden.append(h)
+        return torch.stack(hidden)
+
+    def pieced_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                        starts: torch.Tensor) -> torch.Tensor:
+        """One fused nn.LSTM call over every reset-free piece of the sequences, each from its true state.
+
+        On a GPU the pieces go packed (cuDNN steps each piece only over its own length). On a CPU torch runs
+        a packed sequence as a loop of per-step operators (about as many as the cell loop, and slower), but
+        runs a padded batch in one oneDNN kernel forward and one backward: there the pieces are padded to the
+        longest, whose extra steps cost compute and feed nothing that is read."""
+        T, B, H = x.shape
+        pieces = EpisodePieces(starts)
+        batch_sizes = pieces.host_batch_sizes()
+        count = int(batch_sizes[0])
+        first = pieces.order[:count]  # each piece's first step, flat over [T, B]
+        carried = (first < B).unsqueeze(-1)  # a sequence's first piece, not an episode start: its carried state
+        keep0 = (1.0 - starts[0]).unsqueeze(-1)
+        sequence = first.remainder(B)
+        h_first = torch.where(carried, (h * keep0).index_select(0, sequence), 0.0)
+        c_first = torch.where(carried, (c * keep0).index_select(0, sequence), 0.0)
+        if x.is_cuda:
+            index = pieces.packed_index()
+            data = x.new_empty(T * B, H).index_copy_(0, index, x.flatten(0, 1))
+            out = self.fused_lstm(PackedSequence(data, batch_sizes), h_first, c_first)
+        else:
+            index = pieces.padded_index(count)
+            data = x.new_zeros(len(batch_sizes) * count, H).index_copy_(0, index, x.flatten(0, 1))
+            out, _ = self.lstm(data.view(-1, count, H), (h_first[None], c_first[None]))
+            out = out.flatten(0, 1)
+        return out.index_select(0, index).view(T, B, -1)
+
+    def fused_lstm(self, packed: PackedSequence, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """nn.LSTM over `packed` from states `[P, H]`; returns the packed outputs' data.
+
+        Under CUDA autocast torch runs cuDNN's LSTM in float16 whatever dtype autocast asked for (its
+        _cudnn_rnn wrapper casts to half), so bfloat16 on a GPU runs with autocast off on inputs and weights
+        cast to bfloat16 explicitly."""
+        device_type = packed.data.device.type
+        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
+            dtype = torch.bfloat16
+            weights = [getattr(self.cell, name).to(dtype) for name in LSTM_WEIGHTS]
+            with torch.autocast(device_type, enabled=False):
+                out, _ = torch.lstm(packed.data.to(dtype), packed.batch_sizes, (h.to(dtype)[None], c.to(dtype)[None]),
+                                    weights, True, 1, 0.0, self.training, False)
+            return out
+        out, _ = self.lstm(packed, (h[None], c[None]))
+        return out.data
+
+
+class EpisodePieces:
+    """The layout that cuts sequences `starts [T, B]` at their episode starts into pieces, computed on the
+    device without reading anything back.
+
+    A piece begins at step 0 of each sequence and at each start after it, and ends before the next start.
+    Pieces are ranked longest first (ties by first step, then sequence), as a PackedSequence wants them;
+    `order[r]` is the flat first step (t * B + b) of the piece ranked r, `batch_sizes[k]` the number of
+    pieces longer than k (trailing zeros where no piece reaches k + 1 steps)."""
+
+    def __init__(self, starts: torch.Tensor):
+        T, B = starts.shape
+        steps = torch.arange(T, device=starts.device).unsqueeze(1)
+        begins = (starts != 0) | (steps == 0)
+        first_step = torch.where(begins, steps, 0).cummax(0).values
+        # the next start after each step: a reversed running minimum over the starts from the step after it
+        next_begin = F.pad(torch.where(begins[1:], steps[1:], T).flip(0).cummin(0).values.flip(0), (0, 0, 0, 1), value=T)
+        length = torch.where(begins, next_begin - steps, 0)  # a piece's length, at its first step
+        self.order = torch.argsort(torch.where(begins, T - length, T + 1).flatten(), stable=True)
+        rank = torch.empty_like(self.order).scatter_(0, self.order, torch.arange(T * B, device=starts.device))
+        self.piece = rank.view(T, B).gather(0, first_step).flatten()  # the rank of each step's piece
+        self.offset = (steps - first_step).flatten()  # each step's offset in its piece
+        counts = torch.zeros(T + 1, dtype=torch.long, device=starts.device).scatter_add_(0, length.flatten(),
+                                                                                         begins.flatten().long())
+        self.batch_sizes = counts.flip(0).cumsum(0).flip(0)[1:]
+
+    def host_batch_sizes(self) -> torch.Tensor:
+        """The batch sizes on the host, as a PackedSequence and the padded length need them, trailing zeros
+        dropped: the one read of a device value per sequence call (on a GPU, a wait for the queued work)."""
+        batch_sizes = self.batch_sizes.cpu()
+        return batch_sizes[batch_sizes > 0]
+
+    def packed_index(self) -> torch.Tensor:
+        """Where each step (flat t * B + b) sits in the packed data: after the pieces of every shorter offset."""
+        return (self.batch_sizes.cumsum(0) - self.batch_sizes)[self.offset] + self.piece
+
+    def padded_index(self, count: int) -> torch.Tensor:
+        """Where each step sits in the pieces padded to one length, `[length, count]` flattened."""
+        return self.offset * count + self.piece

@@ -22,6 +22,7 @@ from benches.runner import config_mismatch
 from profilers import trace_events
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
+from reference_trainer.policy import EpisodePieces
 from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.train import Trainer, train
@@ -184,6 +185,7 @@ def test_capture_is_not_traced_and_traced_replays_keep_their_kernels(tmp_path):
 def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
     # What the recurrent cell returns, in the rollout (no grad) and in training, on every call of the run;
     # and for fp16, that the loss scaler really scaled: its state moves on every step it takes.
+    # Training runs the sequence kernel, or the cell where a graph or compilation holds the cell loop.
     produced, scalers = [], []
 
     class WatchedPolicy(trainer.Policy):
@@ -191,6 +193,11 @@ def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
             super().__init__(*args, **kwargs)
             self.cell.register_forward_hook(
                 lambda cell, inputs, output: produced.append((torch.is_grad_enabled(), output[0].dtype)))
+
+        def pieced_sequence(self, *args):
+            hidden = super().pieced_sequence(*args)
+            produced.append((torch.is_grad_enabled(), hidden.dtype))
+            return hidden
 
     class WatchedScaler(torch.amp.GradScaler):
         def __init__(self, *args, **kwargs):
@@ -204,7 +211,9 @@ def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
     rollout = Counter(out for training, out in produced if not training)
     training = Counter(out for training, out in produced if training)
     assert set(rollout) == {expected} and set(training) == {expected}, (rollout, training)
-    assert rollout[expected] > BASE["horizon"] and training[expected] > BASE["horizon"]
+    cfg = cuda_cfg(dtype=dtype)
+    minibatches = len(summary["epochs"]) * cfg.update_epochs * cfg.envs_per_rank // cfg.minibatch_sequences_per_rank
+    assert rollout[expected] > BASE["horizon"] and training[expected] >= minibatches
     assert all(math.isfinite(v) for v in summary["losses"].values())
     [scaler] = scalers
     assert scaler.is_enabled() == (dtype == "fp16")
@@ -218,9 +227,23 @@ def test_low_precision_really_computes_in_it(monkeypatch, dtype, expected):
                                    dict(compile=True)],
                          ids=["eager", "graphs", "graphs-groups", "fp16", "bf16-groups", "compile"])
 def test_no_host_sync_inside_rollout_and_update(monkeypatch, knobs):
-    # Steady epochs only: the warm-up epochs compile and run first calls, which may synchronise.
+    # Steady epochs only: the warm-up epochs compile and run first calls, which may synchronise. The one
+    # designed read is the sequence kernel's batch sizes, once per eager minibatch (none in graphs or
+    # compiled code, which step the cell instead): it is let through and counted, and nothing else is.
     enter = PhaseTimer.enter
+    host_batch_sizes = EpisodePieces.host_batch_sizes
     steady = False
+    reads = 0
+
+    def counted_read(self):
+        nonlocal reads
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return host_batch_sizes(self)
+        finally:
+            reads += steady
+            torch.cuda.set_sync_debug_mode(mode)
 
     def enter_with_sync_checks(self, phase):
         # Syncs are allowed only in the once-per-epoch log phase (and at epoch boundaries).
@@ -233,11 +256,16 @@ def test_no_host_sync_inside_rollout_and_update(monkeypatch, knobs):
         steady = record["epoch"] + 1 >= BASE["warmup_epochs"]
 
     monkeypatch.setattr(PhaseTimer, "enter", enter_with_sync_checks)
+    monkeypatch.setattr(EpisodePieces, "host_batch_sizes", counted_read)
+    cfg = cuda_cfg(pinned=True, non_blocking=True, **knobs)
     try:
-        summary = train(cuda_cfg(pinned=True, non_blocking=True, **knobs), on_epoch=on_epoch)
+        summary = train(cfg, on_epoch=on_epoch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert steady and len(summary["epochs"]) > BASE["warmup_epochs"]
+    steady_epochs = len(summary["epochs"]) - cfg.warmup_epochs
+    assert steady and steady_epochs > 0
+    minibatches = steady_epochs * cfg.update_epochs * cfg.envs_per_rank // cfg.minibatch_sequences_per_rank
+    assert reads == (0 if cfg.cuda_graphs or cfg.compile else minibatches), reads
 
 
 def test_compile_reports_its_time_apart():

@@ -1,5 +1,7 @@
 """The LSTM two ways: one LSTMCell step per time step (how a rollout runs it) against one fused nn.LSTM call
-over the whole sequence (how training runs it), with shared weights so both compute the same thing."""
+over the whole sequence, with shared weights so both compute the same thing; and training's sequences with
+episode starts inside them, forward and backward, through the policy's cell loop (what a CUDA graph or
+torch.compile holds) and through its fused pieces (what eager training runs)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import contextlib
 import pytest
 import torch
 
+from reference_trainer.policy import Policy
 from rlperf.torch_api import torch_has
 
 INPUT, HIDDEN, HORIZON = 64, 128, 64
@@ -80,3 +83,32 @@ def test_lstm_cell_single_rollout_step(timed, device, batch):
     with torch.no_grad():
         h, _ = timed(cell, observation, state)
     assert h.shape == (batch, HIDDEN)
+
+
+def training_sequences(device, batch):
+    """A minibatch as the synthetic env's 128-step episodes leave it: one start in half the sequences."""
+    torch.manual_seed(0)
+    policy = Policy(INPUT, 4, HIDDEN, use_lstm=True, fused_cell=True).to(device)
+    x = torch.randn(HORIZON, batch, HIDDEN, device=device, requires_grad=True)
+    h0, c0 = torch.randn(batch, HIDDEN, device=device), torch.randn(batch, HIDDEN, device=device)
+    starts = torch.zeros(HORIZON, batch, device=device)
+    half = torch.arange(batch // 2, device=device)
+    starts[torch.randint(1, HORIZON, (batch // 2,), device=device), half] = 1.0
+    return policy, x, h0, c0, starts
+
+
+def forward_backward(sequence, x, h0, c0, starts):
+    hidden = sequence(x, h0, c0, starts)
+    hidden.sum().backward()
+    return hidden.detach()
+
+
+@pytest.mark.parametrize("formulation", ["stepped_sequence", "pieced_sequence"])
+@pytest.mark.parametrize("batch", [128, 512])
+def test_lstm_training_sequences_with_starts(timed, device, batch, formulation):
+    policy, x, h0, c0, starts = training_sequences(device, batch)
+    with full_fp32_rnn():
+        hidden = timed(forward_backward, getattr(policy, formulation), x, h0, c0, starts)
+        with torch.no_grad():
+            reference = policy.stepped_sequence(x, h0, c0, starts)
+    torch.testing.assert_close(hidden, reference, rtol=1e-4, atol=1e-4)

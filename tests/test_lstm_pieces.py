@@ -1,0 +1,201 @@
+"""Training's fused sequence LSTM against the cell loop it replaced: each sequence cut at its episode starts
+into pieces run by nn.LSTM from their true states must give the same outputs and the same gradients as
+stepping the rollout's cell over the sequence and zeroing the state at every start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_trainer.policy import EpisodePieces, Policy
+
+T, B, OBS, HIDDEN, ACTIONS = 16, 9, 5, 12, 3
+
+
+def reference_sequence(policy: Policy, x, h, c, starts):
+    """The rollout's function over a sequence: one cell step per time step, the state zeroed at each start."""
+    hidden = []
+    for t in range(x.shape[0]):
+        keep = (1.0 - starts[t]).unsqueeze(-1)
+        h, c = policy.cell(x[t], (h * keep, c * keep))
+        hidden.append(h)
+    return torch.stack(hidden)
+
+
+def reference_forward(policy: Policy, obs, h, c, starts):
+    x = reference_sequence(policy, policy.encode(obs), h, c, starts)
+    return policy.actor(x), policy.critic(x).squeeze(-1)
+
+
+def starts_where(kind: str, generator: torch.Generator) -> torch.Tensor:
+    starts = torch.zeros(T, B)
+    if kind == "random":
+        starts = (torch.rand(T, B, generator=generator) < 0.25).float()
+    elif kind == "first":
+        starts[0] = 1.0
+    elif kind == "last":
+        starts[-1] = 1.0
+    elif kind == "every":
+        starts[:] = 1.0
+    elif kind == "mixed":  # one sequence of each kind side by side, and two starts in a row
+        starts[0, 0] = starts[-1, 1] = 1.0
+        starts[:, 2] = 1.0
+        starts[5:7, 3] = 1.0
+        starts[1, 4] = starts[T // 2, 4] = 1.0
+    return starts
+
+
+def loss_of(logits, values):
+    # every output reaches the loss with its own weight, so a wrong or misplaced output changes a gradient
+    weights = torch.linspace(0.5, 1.5, logits.numel()).view_as(logits)
+    return (logits * weights).sum() + (values**2).sum()
+
+
+def gradients(policy: Policy, forward, obs, h0, c0, starts):
+    h, c = h0.clone().requires_grad_(), c0.clone().requires_grad_()
+    policy.zero_grad()
+    logits, values = forward(policy, obs, h, c, starts)
+    loss_of(logits, values).backward()
+    return (logits.detach(), values.detach(), h.grad, c.grad,
+            {name: p.grad.clone() for name, p in policy.named_parameters()})
+
+
+@pytest.mark.parametrize("kind", ["random", "first", "last", "every", "none", "mixed"])
+def test_fused_pieces_give_the_cell_loops_outputs_and_gradients(kind):
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    obs, h0, c0 = torch.randn(T, B, OBS), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
+    starts = starts_where(kind, generator)
+    fused = gradients(policy, Policy.forward, obs, h0, c0, starts)
+    loop = gradients(policy, reference_forward, obs, h0, c0, starts)
+    for got, expected in zip(fused[:4], loop[:4]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert fused[4].keys() == loop[4].keys()
+    for name in loop[4]:
+        torch.testing.assert_close(fused[4][name], loop[4][name], rtol=1e-4, atol=1e-6, msg=name)
+    if kind == "every":  # no state is carried in, so none can have a gradient
+        assert not fused[2].any() and not fused[3].any()
+
+
+def test_the_graph_safe_cell_loop_is_the_same_function():
+    # what CUDA graph capture and torch.compile run instead of the fused call
+    torch.manual_seed(2)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
+    starts = starts_where("mixed", torch.Generator().manual_seed(0))
+    torch.testing.assert_close(policy.stepped_sequence(x, h0, c0, starts), policy.pieced_sequence(x, h0, c0, starts),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_layout_places_every_step_once_and_packs_longest_first():
+    starts = starts_where("random", torch.Generator().manual_seed(3))
+    starts[:, 0] = 0.0
+    starts[[3, 4, 10], 0] = 1.0  # pieces of 3, 1, 6 and 6 steps
+    pieces = EpisodePieces(starts)
+    batch_sizes = pieces.batch_sizes
+    assert int(batch_sizes.sum()) == T * B
+    assert bool((batch_sizes[:-1] >= batch_sizes[1:]).all())
+    assert torch.equal(pieces.packed_index().sort().values, torch.arange(T * B))
+    count = int(batch_sizes[0])
+    assert count == B + int(starts[1:].sum())
+    assert len(set(pieces.padded_index(count).tolist())) == T * B
+    firsts = set(pieces.order[:count].tolist())
+    assert {t * B for t in (0, 3, 4, 10)} <= firsts  # sequence 0's pieces begin where its episodes do
+
+
+def test_the_sequence_lstm_is_the_cells_parameters():
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        assert getattr(policy.lstm, f"{name}_l0") is getattr(policy.cell, name)
+    # the optimizer sees each weight once, and the policy starts from the same weights as before it had an LSTM
+    torch.manual_seed(4)
+    cell_only = [torch.nn.Linear(OBS, HIDDEN), torch.nn.LSTMCell(HIDDEN, HIDDEN)]
+    torch.manual_seed(4)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    assert len(list(policy.parameters())) == 10
+    torch.testing.assert_close(policy.cell.weight_hh, cell_only[1].weight_hh, rtol=0, atol=0)
+
+
+def test_bf16_autocast_on_a_cpu_computes_the_sequence_in_bf16():
+    torch.manual_seed(5)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=False)
+    x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
+    starts = starts_where("random", torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        expected = reference_sequence(policy, x, h0, c0, starts)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = policy.recurrent_sequence(x, h0, c0, starts)
+            assert policy.compute_dtype(torch.device("cpu")) == torch.bfloat16
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["random", "last", "every", "mixed"])
+def test_no_reset_leaks_through_cudnn(kind):
+    # cuDNN computes fp32 in TF32 unless told not to; the comparison needs full fp32 to be tight
+    from benches.micro.test_lstm import full_fp32_rnn
+
+    torch.manual_seed(7)
+    device = torch.device("cuda")
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True).to(device)
+    obs = torch.randn(T, B, OBS, device=device)
+    # a large carried state: were it not zeroed at a start, the outputs after it would move far
+    h0, c0 = 3 * torch.randn(B, HIDDEN, device=device), 3 * torch.randn(B, HIDDEN, device=device)
+    starts = starts_where(kind, torch.Generator().manual_seed(8)).to(device)
+    with full_fp32_rnn():
+        fused = gradients(policy, Policy.forward, obs, h0, c0, starts)
+        loop = gradients(policy, reference_forward, obs, h0, c0, starts)
+    for got, expected in zip(fused[:4], loop[:4]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    for name in loop[4]:
+        torch.testing.assert_close(fused[4][name], loop[4][name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_autocast_computes_the_sequence_in_the_dtype_asked_for(dtype):
+    # torch's autocast runs cuDNN's LSTM in float16 even when bfloat16 was asked for; the policy must not
+    torch.manual_seed(9)
+    device = torch.device("cuda")
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True).to(device)
+    x, h0, c0 = (torch.randn(T, B, HIDDEN, device=device), torch.randn(B, HIDDEN, device=device),
+                 torch.randn(B, HIDDEN, device=device))
+    starts = starts_where("random", torch.Generator().manual_seed(10)).to(device)
+    expected = reference_sequence(policy, x, h0, c0, starts)
+    with torch.autocast("cuda", dtype=dtype):
+        got = policy.recurrent_sequence(x, h0, c0, starts)
+        assert policy.compute_dtype(device) == dtype
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_forward_and_backward_replays_the_eager_ones():
+    # capture cannot read the pieces' batch sizes back: the graph must hold the cell loop, and be exact
+    torch.manual_seed(11)
+    device = torch.device("cuda")
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True).to(device)
+    obs, h0, c0 = (torch.randn(T, B, OBS, device=device), torch.randn(B, HIDDEN, device=device),
+                   torch.randn(B, HIDDEN, device=device))
+    starts = starts_where("random", torch.Generator().manual_seed(12)).to(device)
+    eager = gradients(policy, Policy.forward, obs, h0, c0, starts)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gradients(policy, Policy.forward, obs, h0, c0, starts)  # warm-up on the capture stream
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            logits, values = policy(obs, h0, c0, starts)
+            loss_of(logits, values).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    policy.zero_grad(set_to_none=False)  # the graph accumulates into the gradients it captured
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(logits, eager[0], rtol=1e-4, atol=1e-5)
+    for name, param in policy.named_parameters():
+        torch.testing.assert_close(param.grad, eager[4][name], rtol=1e-3, atol=1e-5, msg=name)
