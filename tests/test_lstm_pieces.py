@@ -99,7 +99,6 @@ def test_the_layout_places_every_step_once_and_packs_longest_first():
     assert torch.equal(pieces.packed_index().sort().values, torch.arange(T * B))
     count = int(batch_sizes[0])
     assert count == B + int(starts[1:].sum())
-    assert len(set(pieces.padded_index(count).tolist())) == T * B
     firsts = set(pieces.order[:count].tolist())
     assert {t * B for t in (0, 3, 4, 10)} <= firsts  # sequence 0's pieces begin where its episodes do
 
