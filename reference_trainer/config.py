@@ -14,7 +14,8 @@ from typing import Any
 from rlperf.errors import ConfigError
 
 PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
-BUILTIN_ENVS = ("memory", "cartpole", "catch", "synthetic")
+BUILTIN_ENVS = ("memory", "cartpole", "catch", "synthetic", "synthetic-device")
+SYNTHETIC_ENVS = ("synthetic", "synthetic-device")
 VECTOR_ENVS = ("memory", "cartpole")  # built-in envs whose observations are vectors, never images
 DTYPES = ("fp32", "bf16", "fp16")
 VECTORIZATIONS = ("auto", "native", "sync", "async")
@@ -25,7 +26,7 @@ CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
 
 
 # The roles a field can play beyond configuring the run, each read by the tools that need it.
-SYNTHETIC_ENV = "synthetic env"  # applies to env=synthetic only
+SYNTHETIC_ENV = "synthetic env"  # applies to env=synthetic or synthetic-device only
 GPU = "gpu"  # needs a CUDA device
 OBSERVER = "observer"  # changes how a run is observed or deliberately perturbed, not what it computes
 PROFILER = "profiler"  # set by `rlperf profile`, never swept by a suite
@@ -43,8 +44,10 @@ def knob(default: Any, help: str, *roles: str) -> Any:
 @dataclass
 class TrainConfig:
     # what to train on
-    env: str = knob("memory", "memory, cartpole, catch, synthetic or gym:<id>; gym:<module>:<id> imports the module "
-                              "that registers the id first (gym:ale_py:ALE/Breakout-v5)")
+    env: str = knob("memory", "memory, cartpole, catch, synthetic, synthetic-device or gym:<id>; gym:<module>:<id> "
+                              "imports the module that registers the id first (gym:ale_py:ALE/Breakout-v5); "
+                              "synthetic-device is synthetic made and stepped on the training device, with no host "
+                              "copy, to time the trainer alone")
     seed: int = knob(1, "random seed of the environments and the policy")
     total_steps: int = knob(200_000, "agent steps to train for, rounded up to whole epochs of num_envs x horizon")
     vectorization: str = knob("auto", "how gym:<id> envs are vectorized: native (the env's own vector entry point), "
@@ -326,7 +329,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.encoder == "cnn" and cfg.env in VECTOR_ENVS:
         raise ConfigError("encoder", f"cnn needs image observations, and env {cfg.env} gives vectors (allowed: mlp)")
 
-    if cfg.env == "synthetic":
+    if cfg.env in SYNTHETIC_ENVS:
         _positive(cfg, "obs_size", "num_actions")
         if cfg.obs_shape and cfg.obs_size != TrainConfig.obs_size:
             raise ConfigError("obs_shape", f"replaces obs_size: set one of them (got obs_shape={cfg.obs_shape!r} "
@@ -339,7 +342,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         defaults = TrainConfig()
         for name in fields_with(SYNTHETIC_ENV):
             if getattr(cfg, name) != getattr(defaults, name):
-                raise ConfigError(name, f"applies to env=synthetic only (env is {cfg.env})")
+                raise ConfigError(name, f"applies to env=synthetic or synthetic-device only (env is {cfg.env})")
+    if cfg.env == "synthetic-device":
+        if cfg.env_cost_us:
+            raise ConfigError("env_cost_us", "spins the host per env step, and synthetic-device steps on the device "
+                                             "(allowed with it: 0; env=synthetic models a costlier host env)")
+        for name in ("pinned", "non_blocking", "copy_stream"):
+            if getattr(cfg, name):
+                raise ConfigError(name, "shapes host<->device copies, and synthetic-device makes none "
+                                        "(env=synthetic measures them)")
 
     if cfg.dtype not in DTYPES:
         raise ConfigError("dtype", f"unknown dtype {cfg.dtype!r} (allowed: {', '.join(DTYPES)})")

@@ -20,6 +20,7 @@ import os
 import time
 
 import numpy as np
+import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, synthetic_obs_shape
 from rlperf.cpus import usable_cores
@@ -72,6 +73,11 @@ class VecEnv:
         self._finished_returns.clear()
         self._finished_lengths.clear()
         return returns, lengths
+
+    def episode_totals(self, device: torch.device) -> torch.Tensor:
+        """The summed return and the count of the episodes finished since the last call, `[2]` on `device`."""
+        returns = self.drain_episodes()[0]
+        return torch.tensor([returns.sum(), returns.size], dtype=torch.float64, device=device)
 
 
 class MemoryEnv(VecEnv):
@@ -216,6 +222,58 @@ class SyntheticEnv(VecEnv):
         self._record(rewards, dones)
         self._start = (self._start + 1) % self.bank_size
         return self._observe(), rewards, dones, self._all_valid
+
+
+class DeviceSyntheticEnv:
+    """SyntheticEnv's observations, rewards and episodes, made once and stepped on the training device, for
+    timing the trainer without a host env or its copies: a step reads the actions where the policy left them
+    and writes its results straight into the experience, so nothing crosses to the host, and on a CPU it is
+    the same few operators. The rings are the host env's own (the same bank, labels and staggered episode
+    ends), so a run sees the same data as with env=synthetic. Finished episodes' returns are summed on the
+    device and read with the epoch's statistics (`episode_totals`)."""
+
+    next_step_reset = False
+
+    def __init__(self, num_envs: int, seed: int, obs_shape: tuple[int, ...], num_actions: int, env_offset: int,
+                 obs_dtype: np.dtype, device: torch.device):
+        rings = SyntheticEnv(num_envs, seed, obs_shape, num_actions, 0.0, env_offset, obs_dtype)
+        self.num_envs, self.obs_shape, self.obs_dtype = num_envs, rings.obs_shape, rings.obs_dtype
+        self.num_actions, self.bank_size = num_actions, rings.bank_size
+        self._ring = torch.from_numpy(np.array(rings._ring)).to(device)
+        self._label_ring = torch.from_numpy(rings._label_ring).to(device)
+        length = SyntheticEnv.episode_length
+        # env i's episode ends with its step k when (env_offset + i + k + 1) is a multiple of the episode length:
+        # entry j of this ring says whether j + 1 is, and step k's envs read it from (env_offset + k) mod length
+        self._done_ring = ((torch.arange(length + num_envs - 1, device=device) + 1) % length == 0).float()
+        self._start, self._done_start = rings._start, env_offset % length
+        self._running = torch.zeros(num_envs, device=device)
+        self._finished_return = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self._finished_count = torch.zeros(num_envs, dtype=torch.float64, device=device)
+
+    def reset(self) -> torch.Tensor:
+        return self._ring[self._start:self._start + self.num_envs]
+
+    def step_into(self, actions: torch.Tensor, obs: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor) -> None:
+        """One step on `actions`, written into `obs`, `rewards` and `dones` (device tensors of the trainer's)."""
+        n = self.num_envs
+        rewards.copy_(actions == self._label_ring[self._start:self._start + n])
+        dones.copy_(self._done_ring[self._done_start:self._done_start + n])
+        self._running.add_(rewards)
+        self._finished_return.addcmul_(self._running, dones)
+        self._finished_count.add_(dones)
+        self._running.addcmul_(self._running, dones, value=-1.0)  # a finished episode's return starts again at 0
+        self._start = (self._start + 1) % self.bank_size
+        self._done_start = (self._done_start + 1) % SyntheticEnv.episode_length
+        obs.copy_(self._ring[self._start:self._start + n])
+
+    def episode_totals(self, device: torch.device) -> torch.Tensor:
+        totals = torch.stack([self._finished_return.sum(), self._finished_count.sum()])
+        self._finished_return.zero_()
+        self._finished_count.zero_()
+        return totals
+
+    def close(self) -> None:
+        """Holds nothing beyond this process's memory."""
 
 
 class CatchEnv(VecEnv):
@@ -411,9 +469,17 @@ class GymVecEnv(VecEnv):
         self._env.close()
 
 
-def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0) -> VecEnv:
-    """Builds this rank's share of the environments: `num_envs` copies starting at global index `env_offset`."""
+def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0,
+             device: torch.device | None = None) -> VecEnv | DeviceSyntheticEnv:
+    """Builds this rank's share of the environments: `num_envs` copies starting at global index `env_offset`;
+    env=synthetic-device on `device`, the training device, which only the trainer steps."""
     seed = cfg.seed + env_offset
+    if cfg.env == "synthetic-device":
+        if device is None:
+            raise ConfigError("env", "synthetic-device is stepped by the trainer on its device and has no host "
+                                     "rate of its own (allowed here: the host envs, e.g. synthetic)")
+        return DeviceSyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, env_offset,
+                                  np.dtype(cfg.obs_dtype), device)
     if cfg.env == "memory":
         return MemoryEnv(num_envs, seed)
     if cfg.env == "cartpole":

@@ -29,9 +29,9 @@ class Experience:
         self.actions = torch.zeros(T, n, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(T, n, device=device)
         self.values = torch.zeros(T, n, device=device)
-        self.rewards = torch.zeros(T, n, device=device)
-        self.dones = torch.zeros(T, n, device=device)
-        self.valid = torch.ones(T, n, device=device)  # written only if masked
+        self.arrivals = torch.zeros(T, n, 3 if masked else 2, device=device)
+        self.rewards, self.dones = self.arrivals[..., 0], self.arrivals[..., 1]
+        self.valid = self.arrivals[..., 2] if masked else torch.ones(T, n, device=device)
         self.h0, self.c0 = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
         self.h, self.c = torch.zeros(n, H, device=device), torch.zeros(n, H, device=device)
 
@@ -45,21 +45,25 @@ class Experience:
         # Pinned staging lets copies run asynchronously (Trainer.step_envs says why one buffer of each is enough).
         pin = cfg.pinned
         self.host_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
-        self.host_rewards = torch.zeros(n, pin_memory=pin)
-        self.host_dones = torch.zeros(n, pin_memory=pin)
-        self.host_valid = torch.ones(n, pin_memory=pin)
+        self.host_arrivals = torch.zeros(n, self.arrivals.shape[-1], pin_memory=pin)
         self.host_actions = torch.zeros(n, dtype=torch.long, pin_memory=pin)
 
         # Each group's view of every buffer the rollout touches, made once: the rollout is bound by host
         # time, and making a view costs about a microsecond.
-        by_step = ("obs", "starts", "actions", "logprobs", "values", "rewards", "dones", "valid")
+        # A numpy view costs a few operator calls each time it is made, so the host writes through views made here.
+        by_step = ("obs", "starts", "actions", "logprobs", "values", "arrivals", "rewards", "dones", "valid")
         by_env = ("step_obs", "step_start", "step_action", "step_logprob", "step_value", "step_noise", "h", "c",
-                  "host_actions", "host_obs", "host_rewards", "host_dones", "host_valid")
+                  "host_actions", "host_obs", "host_arrivals")
         group_size = n // cfg.env_groups
         self.group_rows = [slice(g * group_size, (g + 1) * group_size) for g in range(cfg.env_groups)]
-        self.groups = [SimpleNamespace(**{name: getattr(self, name)[:, rows] for name in by_step},
-                                       **{name: getattr(self, name)[rows] for name in by_env})
-                       for rows in self.group_rows]
+        self.groups = []
+        for rows in self.group_rows:
+            view = SimpleNamespace(**{name: getattr(self, name)[:, rows] for name in by_step},
+                                   **{name: getattr(self, name)[rows] for name in by_env})
+            view.host_actions_array = view.host_actions.numpy()
+            view.host_obs_array = view.host_obs.numpy()
+            view.host_arrivals_array = view.host_arrivals.numpy()
+            self.groups.append(view)
 
         self.batch = {"obs": torch.zeros(T, S, *obs_shape, dtype=obs_dtype, device=device),
                       "starts": torch.zeros(T, S, device=device),
@@ -75,8 +79,7 @@ class Experience:
     @property
     def h2d_bytes_per_step(self) -> int:
         """Bytes one agent step copies from the host staging into the experience."""
-        copied = [self.host_obs, self.host_rewards, self.host_dones] + ([self.host_valid] if self.masked else [])
-        return sum(buf[0].nbytes for buf in copied)
+        return self.host_obs[0].nbytes + self.host_arrivals[0].nbytes
 
     def start_rollout(self) -> None:
         """The last epoch's final observation and recurrent state become this epoch's first."""

@@ -30,16 +30,20 @@ class PolicyStep:
     def run(self) -> None:
         v = self.view
         with torch.no_grad():
-            if self.noise is not None:
+            if self.noise is None:
+                pass
+            elif self.world_size == 1:  # the same draw as the ranks' below, in one operator
+                self.noise.uniform_()
+            else:
                 n, num_actions = self.noise.shape
                 self.noise.copy_(torch.rand(self.world_size, n, num_actions, device=self.noise.device)[self.rank])
             with self.autocast():
                 logits, value, h_new, c_new = self.policy.step(v.step_obs, v.h, v.c, v.step_start)
-            logits = logits.float()
+            logits = logits if logits.dtype == torch.float32 else logits.float()
             action = sample_actions(logits, v.step_noise)
             v.step_action.copy_(action)
-            v.step_logprob.copy_(F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1))
-            v.step_value.copy_(value.float())
+            torch.gather(F.log_softmax(logits, -1), -1, action.unsqueeze(-1), out=v.step_logprob.unsqueeze(-1))
+            v.step_value.copy_(value)
             if self.lstm:
                 v.h.copy_(h_new)
                 v.c.copy_(c_new)
@@ -52,14 +56,15 @@ def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.Tensor:
     """Generalised advantage estimates over `[T, N]`; `dones[t]` means the episode ended after step t."""
+    # Every step's TD error and decay at once; the recursion left is one fused operator a step.
+    alive = 1.0 - dones
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    deltas = torch.addcmul(rewards, next_values, alive, value=gamma).sub_(values)
+    decays = alive.mul_(gamma * lam)
     advantages = torch.empty_like(rewards)
     last = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
-        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
-        alive = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_v * alive - values[t]
-        last = delta + gamma * lam * alive * last
-        advantages[t] = last
+    for delta, decay, advantage in zip(deltas.unbind(0)[::-1], decays.unbind(0)[::-1], advantages.unbind(0)[::-1]):
+        last = torch.addcmul(delta, decay, last, out=advantage)
     return advantages
 
 

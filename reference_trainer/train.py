@@ -91,8 +91,9 @@ class Trainer:
         autocast = Autocast(device, cfg)
         n = cfg.envs_per_rank
         env_start = time.perf_counter()
-        self.envs = [make_env(cfg, n // cfg.env_groups, env_offset=rank.rank * n + g * (n // cfg.env_groups))
+        self.envs = [make_env(cfg, n // cfg.env_groups, rank.rank * n + g * (n // cfg.env_groups), device)
                      for g in range(cfg.env_groups)]
+        self.env_on_device = cfg.env == "synthetic-device"
         self.env_start_seconds = time.perf_counter() - env_start
         env = self.envs[0]
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
@@ -121,7 +122,8 @@ class Trainer:
         self.warmup_end = self.steady_start_ns = None
         T = cfg.horizon
         env_start = time.perf_counter()
-        self.experience.obs[T].copy_(torch.from_numpy(np.concatenate([env.reset() for env in self.envs])))
+        first = [env.reset() for env in self.envs]
+        self.experience.obs[T].copy_(torch.cat(first) if self.env_on_device else torch.from_numpy(np.concatenate(first)))
         self.env_start_seconds += time.perf_counter() - env_start
         self.experience.starts[T].fill_(1.0)
 
@@ -191,36 +193,44 @@ class Trainer:
         v.actions[t].copy_(v.step_action)
         v.logprobs[t].copy_(v.step_logprob)
         v.values[t].copy_(v.step_value)
+        if self.env_on_device:
+            return
         self.timer.enter("eval_copy")
         self.delay_copy()
+        # the one blocking read of the step, unless non_blocking waits for it through an event in step_envs
         v.host_actions.copy_(v.step_action, non_blocking=self.cfg.non_blocking)
         if self.cfg.non_blocking:
             self.actions_ready[group].record()
 
     def step_envs(self, group: int, t: int) -> None:
         """Steps one group's environments with the actions of step t, and queues the copy of what they
-        return into slot t + 1 of the experience."""
-        v, nb, masked = self.experience.groups[group], self.cfg.non_blocking, self.experience.masked
-        if nb:
+        return into slot t + 1 of the experience (the device env writes it there itself)."""
+        v, masked = self.experience.groups[group], self.experience.masked
+        if self.env_on_device:
+            self.timer.enter("env")
+            self.envs[group].step_into(v.actions[t], v.obs[t + 1], v.rewards[t], v.dones[t])
+            v.starts[t + 1].copy_(v.dones[t])
+            return
+        if self.cfg.non_blocking:
             self.actions_ready[group].synchronize()
         self.timer.enter("env")
-        next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions.numpy())
+        next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions_array)
         self.timer.enter("eval_copy")
         # No copy out of the staging buffers can still be running when the host refills them: the actions the
         # envs just took were computed on the device from observation t, after the compute stream had waited
-        # for the copies out of these buffers that brought it in (on the same stream, or through obs_ready).
-        v.host_obs.numpy()[:] = next_obs
-        v.host_rewards.numpy()[:] = rewards
-        v.host_dones.numpy()[:] = dones
+        # for the copies out of these buffers that brought it in (on the same stream, or through obs_ready),
+        # and the host has waited for those actions. So the copies in never need to block the host: from
+        # pinned buffers they are asynchronous, and from pageable ones the driver has staged the data before
+        # it returns, with no stream synchronisation of torch's after it.
+        v.host_obs_array[:] = next_obs
+        v.host_arrivals_array[:, 0] = rewards
+        v.host_arrivals_array[:, 1] = dones
         if masked:
-            v.host_valid.numpy()[:] = valid
+            v.host_arrivals_array[:, 2] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
-            v.obs[t + 1].copy_(v.host_obs, non_blocking=nb)
-            v.rewards[t].copy_(v.host_rewards, non_blocking=nb)
-            v.dones[t].copy_(v.host_dones, non_blocking=nb)
-            if masked:
-                v.valid[t].copy_(v.host_valid, non_blocking=nb)
+            v.obs[t + 1].copy_(v.host_obs, non_blocking=True)
+            v.arrivals[t].copy_(v.host_arrivals, non_blocking=True)
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
@@ -259,9 +269,8 @@ class Trainer:
         """The one read of device statistics this epoch; returns the epoch's record."""
         cfg = self.cfg
         self.timer.enter("log")
-        finished = np.concatenate([env.drain_episodes()[0] for env in self.envs])
-        totals = torch.cat([self.stats, torch.tensor([finished.sum(), finished.size], device=self.device,
-                                                     dtype=self.stats.dtype)])
+        episodes = sum(env.episode_totals(self.device) for env in self.envs)
+        totals = torch.cat([self.stats, episodes.to(self.stats.dtype)])
         totals = self.rank.all_reduce_sum(totals).cpu()
         updates = cfg.update_epochs * (cfg.envs_per_rank // cfg.minibatch_sequences_per_rank) * self.rank.world_size
         losses = {name: float(totals[i]) / updates for i, name in enumerate(STAT_NAMES)}
@@ -300,7 +309,7 @@ class Trainer:
             compile_seconds=self.calls.compile_seconds,
             env_start_seconds=self.env_start_seconds, dtype_used=self.dtype_used, device=self.device,
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
-            h2d_bytes_per_step=self.experience.h2d_bytes_per_step, work=self.work,
+            h2d_bytes_per_step=0 if self.env_on_device else self.experience.h2d_bytes_per_step, work=self.work,
             parameters=sum(p.numel() for p in self.policy.parameters()), profiler=self.profiler,
             timeline=self.timer.timeline, rank=self.rank)
 

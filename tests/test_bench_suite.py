@@ -111,8 +111,8 @@ def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, me
 
 
 def test_unknown_suite_name_lists_the_shipped_ones():
-    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, gate, gpu-smoke, hardware, "
-                                  r"learning, learning-atari, nightly, overhead, smoke"):
+    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, envs-curve, gate, gpu-smoke, "
+                                  r"hardware, learning, learning-atari, nightly, overhead, smoke"):
         suites.load("smok")
 
 
@@ -174,3 +174,13 @@ def test_the_gpu_smoke_measures_sizes_where_a_gpu_means_something_in_few_process
     # three minutes with the peaks: at most one process a point, each at most 16 epochs
     assert smoke.repeats * len(configs) <= 5
     assert all(c["total_steps"] // (c["num_envs"] * c["horizon"]) <= 16 for c in configs)
+
+
+def test_the_envs_curve_times_the_trainer_alone_on_a_gpu_from_1024_to_65536_envs():
+    curve = suites.load("envs-curve")
+    configs = [p.config for p in curve.points]
+    assert [c["num_envs"] for c in configs] == [1024 << k for k in range(7)]
+    assert all(c["device"] == "cuda" and c["cuda_graphs"] and c["env"] == "synthetic-device"
+               and c["hidden_size"] == 128 for c in configs)
+    # the same number of updates at every size: the minibatch grows with the envs
+    assert {c["num_envs"] * c["horizon"] // c["minibatch_size"] for c in configs} == {16}

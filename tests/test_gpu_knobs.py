@@ -11,6 +11,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -266,6 +267,43 @@ def test_no_host_sync_inside_rollout_and_update(monkeypatch, knobs):
     assert steady and steady_epochs > 0
     minibatches = steady_epochs * cfg.update_epochs * cfg.envs_per_rank // cfg.minibatch_sequences_per_rank
     assert reads == (0 if cfg.cuda_graphs or cfg.compile else minibatches), reads
+
+
+@pytest.mark.parametrize("knobs, syncs_per_step", [(dict(), 1), (dict(env_groups=2), 2),
+                                                    (dict(env="synthetic-device"), 0),
+                                                    (dict(env="synthetic-device", cuda_graphs=True), 0)],
+                         ids=["eager", "eager-groups", "device-env", "device-env-graphs"])
+def test_the_eager_rollout_blocks_once_a_step_for_the_actions_and_the_device_env_never(monkeypatch, knobs,
+                                                                                        syncs_per_step):
+    # The default path's pageable copies: the host waits for each group's actions (a blocking copy in
+    # eval_copy) and for nothing else, the copies in included; the device env needs no wait at all.
+    enter = PhaseTimer.enter
+    seen: list[warnings.WarningMessage] = []
+    by_phase: Counter[str] = Counter()
+    current = {"phase": None, "seen": 0, "steady": False}
+
+    def enter_counting_syncs(self, phase):
+        if current["steady"] and current["phase"] is not None:
+            by_phase[current["phase"]] += len(seen) - current["seen"]
+        enter(self, phase)
+        current.update(phase=phase, seen=len(seen))
+
+    def on_epoch(record):
+        current.update(steady=record["epoch"] + 1 >= BASE["warmup_epochs"], phase=None)
+
+    monkeypatch.setattr(PhaseTimer, "enter", enter_counting_syncs)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            summary = train(cuda_cfg(**knobs), on_epoch=on_epoch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    steady_epochs = len(summary["epochs"]) - BASE["warmup_epochs"]
+    assert steady_epochs >= 1
+    by_phase.pop("log", None)  # the epoch's one read of its statistics
+    expected = {"eval_copy": syncs_per_step * BASE["horizon"] * steady_epochs} if syncs_per_step else {}
+    assert {phase: n for phase, n in by_phase.items() if n} == expected
 
 
 def test_compile_reports_its_time_apart():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
-from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv
+from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv, make_env
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import gae
 from reference_trainer.train import train
@@ -298,3 +298,35 @@ def test_cartpole_is_solved():
 
 CARTPOLE = dict(total_steps=300_000, num_envs=64, horizon=16, minibatch_size=256, update_epochs=4,
                 learning_rate=2e-3, gamma=0.99, ent_coef=0.0)
+
+
+@pytest.mark.parametrize("env_groups", [1, 2])
+def test_the_device_synthetic_env_trains_like_the_host_one_without_copies(env_groups):
+    # The same rings stepped on the device: the same observations, rewards and episode ends, so the same
+    # losses and returns (16 epochs of 8 steps: every env ends an episode of 128 steps); no byte crosses
+    # from the host, and no phase claims a copy.
+    point = dict(num_envs=16, horizon=8, minibatch_size=64, hidden_size=16, total_steps=16 * 8 * 16, seed=2,
+                 threads=1, env_groups=env_groups)
+    host = train(validate(TrainConfig(env="synthetic", **point)))
+    device = train(validate(TrainConfig(env="synthetic-device", **point)))
+    assert [e["losses"] for e in device["epochs"]] == [e["losses"] for e in host["epochs"]]
+    assert [(e["episodes"], e["mean_episode_return"]) for e in device["epochs"]] == [
+        (e["episodes"], e["mean_episode_return"]) for e in host["epochs"]]
+    assert sum(e["episodes"] for e in device["epochs"]) > 0
+    assert host["h2d_bytes_per_step"] > 0 and device["h2d_bytes_per_step"] == 0
+    assert all(e["phases"]["eval_copy"] == 0.0 and e["phases"]["env"] > 0 for e in device["epochs"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(env_cost_us=5.0), r"env_cost_us: spins the host per env step, and synthetic-device steps on the device"),
+    (dict(device="cuda", pinned=True), r"pinned: shapes host<->device copies, and synthetic-device makes none"),
+    (dict(env="memory", obs_size=8), r"obs_size: applies to env=synthetic or synthetic-device only"),
+])
+def test_the_device_synthetic_env_refuses_what_it_cannot_do(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(TrainConfig(**{"env": "synthetic-device", **overrides}))
+
+
+def test_the_device_synthetic_env_has_no_host_rate():
+    with pytest.raises(ConfigError, match="env: synthetic-device is stepped by the trainer on its device"):
+        make_env(validate(TrainConfig(env="synthetic-device")), 4)
