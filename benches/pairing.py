@@ -141,7 +141,7 @@ class Pairing:
 
 def pair_contention(records: dict[str, PointRecord], pair: int, names: dict[str, str]) -> str:
     """`contended (NAME: why; ...)` for a pair (an index into both sides' samples) whose machine was busy, or ''."""
-    whys = [f"{names[side]}: {summary['interference']['why']}"
+    whys = [f"{names[side]}: {summary['interference'].get('why') or 'flagged by the interference monitor'}"
             for side, (_, summary) in ((side, records[side].samples[pair]) for side in SIDES)
             if is_contended(summary)]
     return f"contended ({'; '.join(whys)})" if whys else ""
