@@ -20,7 +20,7 @@ else:
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("rlperf", "reference_trainer", "profilers", "decisions", "reports", "benches", "studies", "tests")
+FOLDERS = ("rlperf", "reference_trainer", "profilers", "decisions", "reports", "benches", "studies", "command", "tests")
 # Every torch name, method of what a torch call returns (`()`), and keyword the code uses, each checked present
 # in torch TORCH_FLOOR (its wheel's Python sources and type stubs); VERSIONED_API holds the rest.
 AT_FLOOR = ROOT / "tests" / "torch_api_at_floor.txt"
