@@ -172,7 +172,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes every point gets in the screen, at least 2 (default {SCREEN_PAIRS})")
     parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
-                        help=f"the slowest suspects confirmed, each at alpha / their number (default {MAX_SUSPECTS})")
+                        help=f"the suspects confirmed (the strongest evidence first), each at alpha / their number "
+                             f"(default {MAX_SUSPECTS})")
     add_max_repeats(parser, "at most N pairs in one suspect's confirmation")
     add_threshold(parser, "a point is a suspect when its screen is slower than this: the smallest slowdown of SPS "
                           "that counts", DEFAULT_THRESHOLD)

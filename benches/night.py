@@ -1,5 +1,5 @@
 """The gate's night: its two stages over a suite's points (decisions/screening.py's rules), a screen of every point
-in a few pairs of processes and a sequential confirmation of the few slowest suspects, with whatever runs the
+in a few pairs of processes and a sequential confirmation of the few strongest suspects, with whatever runs the
 processes and keeps them: `rlperf gate` (benches/gate.py) gives it trainer processes and the store, the
 simulations of studies/gate_power.py drawn ones."""
 
@@ -20,6 +20,8 @@ from rlperf.store import PointRecord, utc_now
 SCREEN_PAIRS = 4
 MAX_SUSPECTS = 2
 MIN_QUIET = 2
+# the screen weighs each point's evidence for a slowdown of this many thresholds against none
+SCREEN_TOWARD = 2.0
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
 BUDGET_S = 900.0
 
@@ -27,10 +29,12 @@ BUDGET_S = 900.0
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS,
               max_suspects: int = MAX_SUSPECTS) -> rules.GatePlan:
     """The gate's rules at the thresholds and limits `options` name: a point is a suspect when its screen of
-    `screen_pairs` pairs is slower than the threshold; the `max_suspects` slowest are confirmed."""
+    `screen_pairs` pairs is likelier slowed by SCREEN_TOWARD thresholds than unchanged; the `max_suspects` with
+    the strongest evidence are confirmed."""
     return rules.GatePlan(threshold=options.threshold, alpha=options.alpha, screen_pairs=screen_pairs,
-                          screen_at=options.threshold, max_suspects=max_suspects, max_pairs=options.max_repeats,
-                          min_quiet=min(MIN_QUIET, screen_pairs))
+                          screen_at=0.0, max_suspects=max_suspects, max_pairs=options.max_repeats,
+                          min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
+                          screen_toward=min(0.9, SCREEN_TOWARD * options.threshold))
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
@@ -42,10 +46,12 @@ class Night:
     runners per stage) and keeps them (`record`): trainer processes and the store for `rlperf gate`, drawn ones
     for the simulations of studies/gate_power.py."""
 
-    def __init__(self, plan: rules.GatePlan, say: Callable[[str], None], rng: random.Random | None = None):
+    def __init__(self, plan: rules.GatePlan, say: Callable[[str], None], rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.plan = plan
         self.say = say
         self.rng = rng or random.Random()
+        self.clock = clock  # the seconds the confirmation's budget is on
 
     def run(self, points: list[suites.Point], runners: Runners, record: Record,
             skip_reason: Callable[[suites.Point], str | None], gpu_uuids: Callable[[suites.Point], list[str]],
@@ -57,13 +63,15 @@ class Night:
         confirmed: dict[str, PointVerdict] = {}
         if chosen:
             start_confirmation()
-            confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, budget_s)
+            pair_s = {r["new"].point_key: (r["new"].seconds + r["ref"].seconds) / max(1, len(r["new"].samples))
+                      for r in screen_records}
+            confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, budget_s, pair_s)
         return rules.verdicts(screened, confirmed, self.plan)
 
     def screen(self, points: list[suites.Point], sides: dict[str, PointRunner], record: Record,
                skip_reason: Callable[[suites.Point], str | None],
                gpu_uuids: Callable[[suites.Point], list[str]]) -> list[dict[str, PointRecord]]:
-        pairing = Pairing(sides, None, self.say, rng=self.rng)
+        pairing = Pairing(sides, None, self.say, rng=self.rng, clock=self.clock)
         found = []
         for index, point in enumerate(points):
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
@@ -97,19 +105,23 @@ class Night:
                  + (f"; left out: {', '.join(busy)}" if busy else ""))
 
     def confirm(self, chosen: list[rules.Screened], points: list[suites.Point], sides: dict[str, PointRunner],
-                record: Record, gpu_uuids: Callable[[suites.Point], list[str]],
-                budget_s: float) -> dict[str, PointVerdict]:
+                record: Record, gpu_uuids: Callable[[suites.Point], list[str]], budget_s: float,
+                pair_s: dict[str, float] | None = None) -> dict[str, PointVerdict]:
+        """Each suspect in turn until it decides or its share of the budget is spent: what is left less what the
+        suspects after it need to reach their first look (at their screen's seconds a pair), and never less
+        than an equal share of what is left."""
         design = self.plan.confirmation(len(chosen))
         self.say(f"confirming {len(chosen)} suspects, each at alpha {design.alpha:.3g} (looks at "
                  f"{', '.join(map(str, design.looks))} quiet pairs): " + ", ".join(s.label for s in chosen))
-        pairing = Pairing(sides, design, self.say, rng=self.rng)
-        started = time.monotonic()
+        pairing = Pairing(sides, design, self.say, rng=self.rng, clock=self.clock)
+        started = self.clock()
         by_key = {point.key: (index, point) for index, point in enumerate(points)}
         confirmed = {}
         for done, suspect in enumerate(chosen):
             index, point = by_key[suspect.point_key]
-            # each suspect may use an equal share of what is left
-            deadline = time.monotonic() + (started + budget_s - time.monotonic()) / (len(chosen) - done)
+            left = started + budget_s - self.clock()
+            reserve = sum(design.looks[0] * (pair_s or {}).get(later.point_key, 0.0) for later in chosen[done + 1:])
+            deadline = self.clock() + max(left / (len(chosen) - done), left - reserve)
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
             confirmed[suspect.key] = pairing.measure(index, point, records, gpu_uuids(point), deadline)
             for side in SIDES:

@@ -40,11 +40,13 @@ class Pairing:
     """One point measured on two sides, "ref" and "new" (two checkouts), in pairs of processes whose order is
     drawn at random. After each pair the point is judged by `design` (new against ref); a decision ends it, and
     so do the design's most pairs, the deadline (then the pairs there are make a final look), or a repeat
-    that fails."""
+    that fails. `clock` tells the seconds the deadline is on: the monotonic clock, or a simulated machine's."""
 
     def __init__(self, sides: dict[str, PointRunner], design: Design | None, say: Callable[[str], None],
-                 names: dict[str, str] | None = None, rng: random.Random | None = None):
+                 names: dict[str, str] | None = None, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.sides = sides
+        self.clock = clock
         self.design = design
         self.say = say
         self.names = names or {side: side for side in sides}  # how the progress lines call each side
@@ -68,9 +70,9 @@ class Pairing:
         order = ("ref", "new") if self.rng.random() < 0.5 else ("new", "ref")
         for side in order:
             record = records[side]
-            t0 = time.monotonic()
+            t0 = self.clock()
             status, reason, summary = self.sides[side].run_repeat(point, pair, directories[side], gpu_uuids, record)
-            record.seconds += time.monotonic() - t0
+            record.seconds += self.clock() - t0
             if status != "ok":
                 record.status, record.reason = status, f"repeat {pair + 1}: {reason}"
                 failed = PointVerdict("", point.label, "failed",
@@ -87,15 +89,15 @@ class Pairing:
         pair_seconds: list[float] = []
         warned = False
         for pair in range(self.design.max_pairs):
-            if pair_seconds and time.monotonic() + sum(pair_seconds) / len(pair_seconds) > deadline:
+            if pair_seconds and self.clock() + sum(pair_seconds) / len(pair_seconds) > deadline:
                 verdict = self.judge(point, records, ended=True)
                 verdict.reason = f"stopped at the time budget after {pair} pairs; " + verdict.reason
                 return verdict
-            pair_start = time.monotonic()
+            pair_start = self.clock()
             failed = self.run_pair(pair, point, records, directories, gpu_uuids)
             if failed is not None:
                 return failed
-            pair_seconds.append(time.monotonic() - pair_start)
+            pair_seconds.append(self.clock() - pair_start)
             verdict = self.judge(point, records, ended=False)
             self.say_pair(point, pair, records, verdict)
             if verdict.decision.stopped:
@@ -113,7 +115,7 @@ class Pairing:
         """Says once, at the first look, when the budget is unlikely to reach a decision at the noise measured."""
         decision = verdict.decision
         needed = pairs_to_decide(decision.spread, math.log1p(decision.naive), self.design)
-        affordable = decision.pairs + max(0, int((deadline - time.monotonic()) / pair_s))
+        affordable = decision.pairs + max(0, int((deadline - self.clock()) / pair_s))
         if needed is None or needed <= min(affordable, self.design.max_pairs):
             return False
         self.say(f"{point.label}: at the pair spread measured ({decision.spread:.1%}) and a change of "

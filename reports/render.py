@@ -89,8 +89,8 @@ def gate_section(found: list[screening.GateVerdict], plan: screening.GatePlan, b
     design = plan.confirmation(len([v for v in found if v.confirmation is not None]) or 1)
     text = [f"Baseline: {run_header(baseline)}, measured in the same job.",
             f"The gate measured both commits in pairs of processes, in an order drawn at random inside each pair. "
-            f"Screen: every point {plan.screen_pairs} pairs; a point whose pairs' estimate is slower than "
-            f"{plan.screen_at:.0%} is a suspect. Confirm: the {plan.max_suspects} slowest suspects at most, each in "
+            f"Screen: every point {plan.screen_pairs} pairs; {plan.screen_rule()}. Confirm: the first "
+            f"{plan.max_suspects} suspects at most, each in "
             f"fresh pairs judged sequentially at alpha / suspects (looks at "
             f"{', '.join(map(str, design.looks))} quiet pairs here), so the chance of flagging any point on a night "
             f"where nothing got slower is at most {plan.alpha:g}. 'detects' is the smallest slowdown the gate flags "

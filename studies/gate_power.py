@@ -9,6 +9,12 @@ contended processes some of which the monitor misses. Half the nights change not
 verdict is a false night; on the other half one point, drawn anew each night, is slowed by `--slowdown`, and a
 night is caught when that point is `regressed` (which fails the job). Rates come with 95% Clopper-Pearson
 intervals (scipy).
+
+Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
+studies/night_forecast.py models from the H100's measurements; or `--process-s`), so the confirmation's budget
+in seconds (`--budget-s`) cuts confirmations short as it would on the runner. On bad nights it says where the
+slowed point went: caught, not a suspect in the screen, a suspect beyond those confirmed, or its confirmation's
+end (inconclusive at the budget or at its most pairs, short of its first look, stopped as not slower).
 """
 
 from __future__ import annotations
@@ -19,15 +25,17 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from benches import suite as suites
-from benches.night import BUDGET_S, MAX_SUSPECTS, MIN_QUIET, SCREEN_PAIRS, Night
+from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
+from benches.options import ProcessOptions
 from benches.pairing import SIDES
+from studies import night_forecast
 from studies.simulated import GPU_RUNNER, H100, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -44,27 +52,36 @@ def rate(hits: int, trials: int) -> dict:
 
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
-             seed: int) -> dict:
+             seed: int, walls: dict[str, float], process_s: float, budget_s: float) -> dict:
     rng = np.random.default_rng(seed)
     order = random.Random(seed)
-    machine = SimulatedMachine(noise, rng)
+    machine = SimulatedMachine(noise, rng, walls=walls, process_s=process_s)
     scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
-    night = Night(plan, say=lambda text: None, rng=order)
+    night = Night(plan, say=lambda text: None, rng=order, clock=machine.clock)
     outcome = {"null": Counter(), "slowed": Counter()}
     processes = {"null": [], "slowed": []}
+    seconds = {"null": [], "slowed": []}
+    lost = Counter()  # where the slowed point was lost on bad nights
     for index in range(nights):
         kind = "slowed" if index % 2 else "null"
         machine.new_night()
         slowed = points[rng.integers(len(points))] if kind == "slowed" else None
         machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
         count = [0]
+        stage_started = {}
 
         def record(stage: str, side: str, point_record) -> None:
             count[0] += len(point_record.samples)
 
-        found = night.run(points, lambda stage: {side: machine.runner(side, scratch) for side in SIDES}, record,
-                          lambda point: None, lambda point: [], BUDGET_S)
+        def runners(stage: str):
+            stage_started[stage] = machine.clock()
+            return {side: machine.runner(side, scratch) for side in SIDES}
+
+        found = night.run(points, runners, record, lambda point: None, lambda point: [], budget_s)
         processes[kind].append(count[0])
+        seconds[kind].append({stage: machine.clock() - stage_started[stage] if stage == "confirm" else
+                              stage_started.get("confirm", machine.clock()) - stage_started[stage]
+                              for stage in stage_started})
         by_point = {verdict.screen.point_key: verdict for verdict in found}
         regressed = [v for v in found if v.status == rules.REGRESSED]
         exit_code = rules.exit_code(found)
@@ -78,6 +95,7 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
             tally["false claims"] += len(regressed)
         else:
             caught = by_point[slowed.key].status == rules.REGRESSED
+            lost[where_lost(by_point[slowed.key], found, plan)] += 1
             tally["caught"] += caught
             tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
             tally["others claimed"] += sum(v.screen.point_key != slowed.key for v in regressed)
@@ -97,7 +115,36 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
         "pairs confirmed per null night": confirmed_pairs(processes["null"], points, plan),
         "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], points, plan),
+        "confirmation seconds per null night": stage_seconds(seconds["null"], "confirm"),
+        "confirmation seconds per bad night": stage_seconds(seconds["slowed"], "confirm"),
+        "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
+        "the slowed point on bad nights": {what: rate(hits, bad["nights"]) for what, hits in sorted(lost.items())},
     }
+
+
+def stage_seconds(nights: list[dict], stage: str) -> dict:
+    spent = np.array([night.get(stage, 0.0) for night in nights])
+    return {"mean": float(spent.mean()), "p95": float(np.quantile(spent, 0.95)), "max": float(spent.max())}
+
+
+def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan: rules.GatePlan) -> str:
+    """What became of the slowed point: caught, or the step of the gate that lost it."""
+    confirmation = verdict.confirmation
+    if verdict.status == rules.REGRESSED:
+        return "caught"
+    if not verdict.screen.suspect:
+        return "not a suspect in the screen"
+    if confirmation is None and verdict.status == rules.NOT_CONFIRMED:
+        return f"a suspect beyond the {plan.max_suspects} confirmed"
+    if confirmation is None or confirmation.decision is None:
+        return f"confirmation not judged ({verdict.status})"
+    decision = confirmation.decision
+    budget = "stopped at the time budget" in confirmation.reason
+    if verdict.status == rules.UNMEASURED:
+        return "confirmation short of its first look at the budget" if budget else f"could not measure"
+    if decision.status == "inconclusive":
+        return "confirmation inconclusive at the time budget" if budget else "confirmation inconclusive at its most pairs"
+    return f"confirmation stopped as {decision.status}"
 
 
 def confirmed_pairs(processes: list[int], points: list[suites.Point], plan: rules.GatePlan) -> float:
@@ -133,9 +180,19 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
     parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
+    parser.add_argument("--ranking", choices=("evidence", "estimate"), default="evidence",
+                        help="the screen's rule (decisions/screening.py GatePlan; default the gate's, evidence)")
     parser.add_argument("--screen-at", type=float, default=DEFAULT_THRESHOLD,
-                        help="a suspect's screen estimate is slower than this (default: the threshold)")
+                        help="with --ranking estimate: a suspect's screen estimate is slower than this "
+                             "(default: the threshold)")
     parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
+                        help="seconds of the confirmation stage, spent at each point's process wall")
+    parser.add_argument("--walls-from", type=Path, metavar="MEASUREMENTS",
+                        help="each point's process wall modelled from the H100's measurements "
+                             "(studies/night_forecast.py)")
+    parser.add_argument("--process-s", type=float, default=0.0,
+                        help="the wall of every process without --walls-from (default 0: no budget binds)")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
                         help="at most this many pairs in one suspect's confirmation")
     parser.add_argument("--gpus", type=int, help="leave out the points needing more GPUs than this, as a runner "
@@ -147,14 +204,21 @@ def main() -> None:
                                                (item.split("=") for item in args.noise.split(","))})
     points = [point for point in suites.load(args.suite).points
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
-    plan = rules.GatePlan(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, screen_pairs=args.screen_pairs,
-                          screen_at=args.screen_at, max_suspects=args.max_suspects, max_pairs=args.max_repeats,
-                          min_quiet=min(MIN_QUIET, args.screen_pairs))
+    plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),
+                     args.screen_pairs, args.max_suspects)
+    if args.ranking == "estimate":
+        plan = replace(plan, ranking="estimate", screen_at=args.screen_at, screen_toward=0.0)
     started = time.monotonic()
-    results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed)
+    walls = {key: process["interference"]["wall_s"] for key, process in
+             night_forecast.modelled_processes(args.walls_from, points).items()} if args.walls_from else {}
+    results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
+                       args.budget_s)
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
                "noise check": noise_check(noise, 20_000, args.seed), "slowdown": args.slowdown,
-               "plan": plan.to_dict(), "seconds": time.monotonic() - started, **results}
+               "plan": plan.to_dict(), "budget_s": args.budget_s,
+               "process walls": {"from": str(args.walls_from) if args.walls_from else None,
+                                 "median": float(np.median(list(walls.values()))) if walls else args.process_s},
+               "seconds": time.monotonic() - started, **results}
     text = json.dumps(results, indent=1)
     print(text)
     if args.json:

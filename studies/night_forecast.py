@@ -84,6 +84,18 @@ def modelled_process(config: dict, warm: dict, steady: dict, outside_s: float) -
             "interference": {"wall_s": wall}}
 
 
+def modelled_processes(measurements: Path, points: list[suites.Point]) -> dict[str, dict]:
+    """Each point's modelled process (`modelled_process`, its wall at ["interference"]["wall_s"]), by point key."""
+    outside_s = outside_trainer_s(measurements / "gate" / "results.sqlite")
+    summaries = {path.stem: json.loads(path.read_text()) for path in (measurements / "trainer").glob("t_*.json")}
+    modelled = {}
+    for point in points:
+        warm, steady = nearest(point.config)
+        process = modelled_process(point.config, summaries[warm], summaries[steady], outside_s)
+        modelled[point.key] = {"label": point.label, "warm-up from": warm, "steady epoch from": steady, **process}
+    return modelled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measurements", type=Path, required=True,
@@ -102,16 +114,13 @@ def main() -> None:
     suite = suites.load(args.suite)
     points = [point for point in suite.points if point.config["world_size"] == 1]
     outside_s = outside_trainer_s(args.measurements / "gate" / "results.sqlite")
-    summaries = {path.stem: json.loads(path.read_text()) for path in (args.measurements / "trainer").glob("t_*.json")}
+    modelled = modelled_processes(args.measurements, points)
     plan = gate_plan(ProcessOptions(suite=args.suite, max_repeats=args.max_repeats), args.screen_pairs,
                      args.max_suspects)
-    modelled = {}
     with tempfile.TemporaryDirectory() as scratch, Store.open(Path(scratch) / "results.sqlite") as store:
         run_id = store.create_run(suite.name, suite.suite_hash, {}, MACHINE, "modelled from the H100's walls")
         for point in points:
-            warm, steady = nearest(point.config)
-            process = modelled_process(point.config, summaries[warm], summaries[steady], outside_s)
-            modelled[point.label] = {"warm-up from": warm, "steady epoch from": steady, **process}
+            process = modelled[point.key]
             record = PointRecord(point.key, point.config, "ok", "modelled", process["interference"]["wall_s"])
             record.samples = [(0, process)]
             store.record_point(run_id, record)
@@ -119,8 +128,8 @@ def main() -> None:
         night = forecast.predict(store, MACHINE, points, plan, args.budget_s)
     median_process = statistics.median(cost.process_s for cost in night.points)
     confirm_s = 2 * args.pairs_confirmed * median_process
-    for label, process in modelled.items():
-        print(f"{process['interference']['wall_s']:6.1f} s  {label}  (warm-up {process['warmup_seconds']:.1f} s from "
+    for process in modelled.values():
+        print(f"{process['interference']['wall_s']:6.1f} s  {process['label']}  (warm-up {process['warmup_seconds']:.1f} s from "
               f"{process['warm-up from']}, {process['steady_epochs']} steady epochs of {process['steady epoch from']})")
     print(f"outside the trainer: {outside_s:.1f} s a process (median, gate/results.sqlite)")
     for line in night.lines():

@@ -59,7 +59,9 @@ H100 = Noise(process=0.036, drift=0.3, tail_df=4.0, night=0.03, point_night=0.01
 @dataclass
 class SimulatedMachine:
     """One machine over one night: `slowdowns` maps (side, point key) to the fraction of SPS that side's code
-    loses at that point. Processes are drawn in the order they are run, across every runner of the night."""
+    loses at that point. Processes are drawn in the order they are run, across every runner of the night; each
+    moves the machine's clock (`clock()`, what a budget in seconds is spent on) by its point's wall, `walls` by
+    point key, else `process_s`."""
 
     noise: Noise
     rng: np.random.Generator
@@ -68,6 +70,12 @@ class SimulatedMachine:
     luck: float = 0.0
     night_offset: float = 0.0
     point_offsets: dict[str, float] = field(default_factory=dict)
+    walls: dict[str, float] = field(default_factory=dict)
+    process_s: float = 0.0
+    now: float = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     def __post_init__(self):
         self.new_night()
@@ -118,6 +126,7 @@ class SimulatedRunner:
     def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
                    record: PointRecord) -> tuple[str, str | None, dict]:
         sps, flagged = self.machine.draw(self.side, point)
+        self.machine.now += self.machine.walls.get(point.key, self.machine.process_s)
         seconds = STEADY_STEPS / sps
         summary = {"sps": sps, "steady_steps": STEADY_STEPS, "steady_seconds": seconds,
                    "phases": {phase: share * seconds for phase, share in PHASE_SHARES.items()},

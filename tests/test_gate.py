@@ -26,6 +26,7 @@ from benches.pairing import SIDES, frames
 from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
+from decisions import sequential
 from decisions.verdicts import judge
 from rlperf.store import PointRecord, Store, point_label
 
@@ -33,16 +34,16 @@ NIGHTLY = list(suites.load("nightly").points)
 
 
 def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None = None, seed: int = 0,
-          skip=lambda point: None) -> list[rules.GateVerdict]:
+          skip=lambda point: None, budget_s: float = 1e9) -> list[rules.GateVerdict]:
     plan = plan or gate_plan(ProcessOptions())
     recorded = {}
 
     def record(stage, side, point_record):
         recorded.setdefault((stage, side), []).append(point_record)
 
-    found = Night(plan, lambda text: None, random.Random(seed)).run(
+    found = Night(plan, lambda text: None, random.Random(seed), clock=machine.clock).run(
         points, lambda stage: {side: machine.runner(side, Path("/nonexistent")) for side in SIDES}, record, skip,
-        lambda point: [], budget_s=1e9)
+        lambda point: [], budget_s=budget_s)
     night.recorded = recorded
     return found
 
@@ -99,28 +100,50 @@ def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
     assert rules.conclusion(found).startswith("gate: could not measure 3 points")
 
 
+def test_a_confirmation_the_budget_cuts_short_of_its_first_look_is_not_confirmed_and_keeps_to_the_budget():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(4), process_s=20.0)
+    machine.slowdowns = {("new", NIGHTLY[1].key): 0.5}
+    screened_at = len(NIGHTLY[:4]) * 2 * 4 * 20.0  # four points, four pairs of two 20 s processes
+    found = night(machine, points=NIGHTLY[:4], budget_s=200.0)  # five pairs: short of the first look
+    slowed = found[1]
+    assert slowed.status == rules.NOT_CONFIRMED and "time budget" in slowed.note, slowed.note
+    assert rules.exit_code(found) == rules.EXIT_PASSED
+    assert machine.clock() - screened_at <= 200.0
+
+
 def test_skipped_points_neither_pass_nor_fail_the_night():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(2))
     found = night(machine, points=NIGHTLY[:4], skip=lambda point: "needs 8 GPUs" if point is NIGHTLY[0] else None)
     assert found[0].status == rules.SKIPPED and rules.exit_code(found) == rules.EXIT_PASSED
 
 
-def test_only_the_slowest_suspects_are_confirmed_each_at_its_share_of_alpha():
+def test_only_the_suspects_with_the_strongest_evidence_are_confirmed_each_at_its_share_of_alpha():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(3))
     slowdowns = (0.2, 0.25, 0.3, 0.35, 0.5, 0.6)  # the two slowest apart from the rest by far more than the noise
     machine.slowdowns = {("new", point.key): slowdown for point, slowdown in zip(NIGHTLY, slowdowns)}
     plan = gate_plan(ProcessOptions(), max_suspects=2)
     found = night(machine, points=NIGHTLY[:8], plan=plan)
     regressed = [v.screen.point_key for v in found if v.status == rules.REGRESSED]
-    assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest
-    assert sum(v.status == rules.NOT_CONFIRMED for v in found) == 4
+    assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest: the most evidence
+    assert all(v.status == rules.NOT_CONFIRMED and v.confirmation is None for v in found[:4])  # beyond the two
+    assert all(v.status in (rules.PASSED, rules.NOT_CONFIRMED) for v in found[6:])
     assert found[5].confirmation.decision is not None and plan.confirmation(2).alpha == pytest.approx(0.005)
+
+
+def test_the_screens_evidence_grows_with_the_slowdown_and_a_pair_far_out_counts_little():
+    scale, toward = 0.03, 0.10
+    slowed = [float(rules.evidence(np.full(4, np.log1p(-slowdown)), scale, toward)) for slowdown in (0.05, 0.1, 0.5)]
+    assert slowed[0] < slowed[1] < slowed[2] and rules.evidence(np.zeros(4), scale, toward) < 0
+    # two wide pairs on the faster side leave two pairs 10% slower a suspect, which by their estimate (+2%) it
+    # would not be
+    pairs = np.log([0.90, 0.91, 1.06, 1.25])
+    assert rules.evidence(pairs, scale, toward) > rules.EVIDENCE_BAR and sequential.hodges_lehmann(pairs) > 0
 
 
 def test_what_the_gate_detects_grows_with_the_noise():
     plan = gate_plan(ProcessOptions())
     quiet, noisy = rules.detectable(plan, 0.028), rules.detectable(plan, 0.12)
-    assert plan.threshold < quiet < 0.12 < noisy < 0.6
+    assert plan.threshold < quiet < 0.08 < noisy < 0.6
 
 
 # ---- real trainer processes --------------------------------------------------------------------------------------
