@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--suite", default="nightly", help="the suite whose points are simulated (default nightly)")
     parser.add_argument("--points", type=int, help="simulate only the first N points of the suite")
     parser.add_argument("--noise", default="gpu", help="gpu, or process=0.06,drift=0.6,night=0.03,... "
-                                                       "(benches/simulated.Noise fields)")
+                                                       "(studies/simulated.Noise fields)")
     parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
     parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)

@@ -125,7 +125,7 @@ def simulate(noise: Noise, slowdown: float, points: int, seed: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noise", default="process=0.06,drift=0.6",
-                        help="benches/simulated.Noise fields, e.g. process=0.12,drift=0.0,contended=0.02")
+                        help="studies/simulated.Noise fields, e.g. process=0.12,drift=0.0,contended=0.02")
     parser.add_argument("--slowdown", type=float, default=0.10)
     parser.add_argument("--points", type=int, default=400, help="points simulated, half A/A and half slowed")
     parser.add_argument("--seed", type=int, default=1)
