@@ -6,8 +6,9 @@ key, every setting both configs have equal) on the same machine fingerprint: the
 process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
 store has not run on this machine costs the median process of this machine; on a machine the store does not
 know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
-on top); the confirmation costs nothing on a night without suspects and at most its budget, or its suspects'
-pairs if those cost less. Peaks are measured once per store and machine and are not counted.
+on top); its refinement 2 x refine_pairs processes of each of its leaders, which are not known before, so it is
+forecast between the cheapest and the costliest points; the confirmation costs nothing on a night without
+suspects and at most its budget, or its suspects' pairs if those cost less. Peaks are measured once per store and machine and are not counted.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Forecast:
     screen_pairs: int
     confirm_max_s: float  # the confirmation stage's ceiling: its budget, or every suspect's pairs if less
     fallback: str  # what a point the store does not know was taken to cost, in words
+    refine_s: tuple[float, float] = (0.0, 0.0)  # the refinement at the cheapest and at the costliest leaders
 
     @property
     def screen_s(self) -> float:
@@ -56,11 +58,13 @@ class Forecast:
 
     def lines(self) -> list[str]:
         known = sum(point.known_from > 0 for point in self.points)
+        low, high = self.screen_s + self.refine_s[0], self.screen_s + self.refine_s[1] + self.confirm_max_s
+        refine = f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; " if self.refine_s[1] else ""
         out = [f"forecast: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
                f"processes; {known} of them from their own earlier processes here"
-               + (f", the others at {self.fallback}" if known < len(self.points) else "") + "); confirmation none "
-               f"without suspects, at most {duration(self.confirm_max_s)}: the night {duration(self.screen_s)} to "
-               f"{duration(self.screen_s + self.confirm_max_s)}"]
+               + (f", the others at {self.fallback}" if known < len(self.points) else "") + f"); {refine}"
+               f"confirmation none without suspects, at most {duration(self.confirm_max_s)}: the night "
+               f"{duration(low)} to {duration(high)}"]
         out.append("forecast: costliest points: " + "; ".join(
             f"{point.label} {duration(self.point_screen_s(point))} ({point.process_s:.0f} s a process)"
             for point in self.costliest()))
@@ -72,9 +76,11 @@ class Forecast:
         measured = stored_stage_walls(store, runs)
         screen, confirm = measured.get("screen", 0.0), measured.get("confirm", 0.0)
         off = f"{screen / self.screen_s - 1:+.0%}" if self.screen_s > 0 else "n/a"
+        refine = (f"refinement {duration(measured.get('refine', 0.0))} ({duration(self.refine_s[0])} to "
+                  f"{duration(self.refine_s[1])} forecast); " if self.refine_s[1] else "")
         return (f"forecast against measured: screen {duration(screen)} of processes where {duration(self.screen_s)} "
-                f"was forecast ({off}); confirmation {duration(confirm)} (at most {duration(self.confirm_max_s)} "
-                f"forecast); the night {duration(elapsed_s)} in all")
+                f"was forecast ({off}); {refine}confirmation {duration(confirm)} (at most "
+                f"{duration(self.confirm_max_s)} forecast); the night {duration(elapsed_s)} in all")
 
 
 def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, budget_s: float) -> Forecast:
@@ -91,9 +97,11 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
             "(nothing stored on this machine)" if stored else "(an empty store)")
     costs = tuple(PointCost(point.label, median(walls[point.key]) if walls[point.key] else fallback_s,
                             len(walls[point.key])) for point in points)
-    confirm_max = min(budget_s, sum(2 * plan.max_pairs * cost.process_s for cost in
-                                    sorted(costs, key=lambda cost: -cost.process_s)[:plan.max_suspects]))
-    return Forecast(costs, plan.screen_pairs, confirm_max, fallback)
+    by_cost = sorted(cost.process_s for cost in costs)
+    confirm_max = min(budget_s, sum(2 * plan.max_pairs * process_s for process_s in by_cost[::-1][:plan.max_suspects]))
+    leaders = min(plan.refine_points, len(by_cost)) if plan.refine_pairs else 0
+    refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]), 2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
+    return Forecast(costs, plan.screen_pairs, confirm_max, fallback, refine)
 
 
 def process_walls(store: Store, machine_key: str, points: list[Point]) -> dict[str, list[float]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benches import forecast, suite as suites
-from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import BUDGET_S, MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peaks import fill_missing
@@ -31,7 +31,7 @@ from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats, add_process_options, add_threshold,
-                              positive_int)
+                              non_negative_int, positive_int)
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -46,11 +46,13 @@ class Gate:
     a workflow."""
 
     def __init__(self, options: ProcessOptions, baseline: str, console: Console, screen_pairs: int = SCREEN_PAIRS,
-                 max_suspects: int = MAX_SUSPECTS, summary: Path | None = None, machine: Machine | None = None):
+                 max_suspects: int = MAX_SUSPECTS, summary: Path | None = None, machine: Machine | None = None,
+                 refine_points: int = REFINE_POINTS):
         self.options = options
         self.baseline = baseline
         self.screen_pairs = screen_pairs
         self.max_suspects = max_suspects
+        self.refine_points = refine_points
         self.summary = summary
         self.console = console
         self.machine = machine
@@ -76,7 +78,7 @@ class Gate:
                         "new": current}
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        plan = gate_plan(opts, self.screen_pairs, self.max_suspects)
+        plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
         with MeasurementLock() as lock, worktree(commit, self.say) as tree:
@@ -114,7 +116,7 @@ class Gate:
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), opts.budget_s,
-                              start_confirmation=lambda: create("confirm"))
+                              start_stage=create)
                     self.say(predicted.review(store, self.runs, time.monotonic() - started))
                     fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
@@ -171,6 +173,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_budget(parser, "seconds for the confirmation of the suspects, shared among them", BUDGET_S)
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes every point gets in the screen, at least 2 (default {SCREEN_PAIRS})")
+    parser.add_argument("--refine-points", type=non_negative_int, default=REFINE_POINTS, metavar="N",
+                        help=f"the points with the strongest screen that get {REFINE_PAIRS} more pairs before the "
+                             f"suspects are chosen; 0 chooses from the screen alone (default {REFINE_POINTS})")
     parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
                         help=f"the suspects confirmed (the strongest evidence first), each at alpha / their number "
                              f"(default {MAX_SUSPECTS})")
@@ -188,6 +193,6 @@ def run(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
     gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
-                max_suspects=args.max_suspects, summary=args.summary)
+                max_suspects=args.max_suspects, summary=args.summary, refine_points=args.refine_points)
     with stop_signals_interrupt():
         return gate.run()

@@ -1,6 +1,6 @@
-"""The gate's night: its two stages over a suite's points (decisions/screening.py's rules), a screen of every point
-in a few pairs of processes and a sequential confirmation of the few strongest suspects, with whatever runs the
-processes and keeps them: `rlperf gate` (benches/gate.py) gives it trainer processes and the store, the
+"""The gate's night: its stages over a suite's points (decisions/screening.py's rules), a screen of every point
+in a few pairs of processes, a few more pairs for the screen's leaders, and a sequential confirmation of the few
+strongest suspects, with whatever runs the processes and keeps them: `rlperf gate` (benches/gate.py) gives it trainer processes and the store, the
 simulations of studies/gate_power.py drawn ones."""
 
 from __future__ import annotations
@@ -9,32 +9,44 @@ import random
 import time
 from collections.abc import Callable
 
+import pandas as pd
+
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import SIDES, Pairing, frames, pair_contention
 from benches.runner import PointRunner
 from decisions import screening as rules
+from decisions import sequential
 from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
-SCREEN_PAIRS = 4
+# Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
+# night within an hour): 3 screen pairs a point, 2 more for the 4 leaders, then 1,250 s to confirm caught a lone
+# 10% slowdown on about 94% of bad nights; without the refinement and 1,600 s to confirm, 89% (the slowed point
+# ranked behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes,
+# and the compiled points, a pair costing over a minute, could not reach a claim in what was left).
+SCREEN_PAIRS = 3
+REFINE_POINTS = 4
+REFINE_PAIRS = 2
 MAX_SUSPECTS = 2
 MIN_QUIET = 2
 # the screen weighs each point's evidence for a slowdown of this many thresholds against none
 SCREEN_TOWARD = 2.0
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
-BUDGET_S = 900.0
+BUDGET_S = 1250.0
 
 
-def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS,
-              max_suspects: int = MAX_SUSPECTS) -> rules.GatePlan:
-    """The gate's rules at the thresholds and limits `options` name: a point is a suspect when its screen of
-    `screen_pairs` pairs is likelier slowed by SCREEN_TOWARD thresholds than unchanged; the `max_suspects` with
-    the strongest evidence are confirmed."""
+def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_suspects: int = MAX_SUSPECTS,
+              refine_points: int = REFINE_POINTS) -> rules.GatePlan:
+    """The gate's rules at the thresholds and limits `options` name: the `refine_points` points whose screen of
+    `screen_pairs` pairs gives the strongest evidence get REFINE_PAIRS more; a point is a suspect when its pairs
+    are likelier slowed by SCREEN_TOWARD thresholds than unchanged; the `max_suspects` with the strongest
+    evidence are confirmed with the clipped sign-flip score."""
     return rules.GatePlan(threshold=options.threshold, alpha=options.alpha, screen_pairs=screen_pairs,
+                          refine_points=refine_points, refine_pairs=REFINE_PAIRS if refine_points else 0,
                           screen_at=0.0, max_suspects=max_suspects, max_pairs=options.max_repeats,
                           min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
-                          screen_toward=min(0.9, SCREEN_TOWARD * options.threshold))
+                          screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CLIPPED)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
@@ -42,7 +54,7 @@ Record = Callable[[str, str, PointRecord], None]  # stage, side, a finished poin
 
 
 class Night:
-    """The gate's two stages over a suite's points, with whatever runs the processes (`runners`, one pair of
+    """The gate's stages over a suite's points, with whatever runs the processes (`runners`, one pair of
     runners per stage) and keeps them (`record`): trainer processes and the store for `rlperf gate`, drawn ones
     for the simulations of studies/gate_power.py."""
 
@@ -55,14 +67,18 @@ class Night:
 
     def run(self, points: list[suites.Point], runners: Runners, record: Record,
             skip_reason: Callable[[suites.Point], str | None], gpu_uuids: Callable[[suites.Point], list[str]],
-            budget_s: float, start_confirmation: Callable[[], None] = lambda: None) -> list[rules.GateVerdict]:
+            budget_s: float, start_stage: Callable[[str], None] = lambda stage: None) -> list[rules.GateVerdict]:
         screen_records = self.screen(points, runners("screen"), record, skip_reason, gpu_uuids)
-        screened = rules.screen(*frames([r["new"] for r in screen_records]),
-                                *frames([r["ref"] for r in screen_records]), self.plan)
+        screened = self.screened(screen_records, [])
+        leaders = rules.leaders(screened, self.plan)
+        if leaders:
+            start_stage("refine")
+            refined = self.refine(leaders, points, screen_records, runners("refine"), record, gpu_uuids)
+            screened = self.screened(screen_records, refined)
         chosen = rules.suspects(screened, self.plan)
         confirmed: dict[str, PointVerdict] = {}
         if chosen:
-            start_confirmation()
+            start_stage("confirm")
             pair_s = {r["new"].point_key: (r["new"].seconds + r["ref"].seconds) / max(1, len(r["new"].samples))
                       for r in screen_records}
             confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, budget_s, pair_s)
@@ -94,6 +110,36 @@ class Night:
                 record("screen", side, records[side])
             found.append(records)
         return found
+
+    def screened(self, screen_records: list[dict[str, PointRecord]],
+                 refined: list[dict[str, PointRecord]]) -> list[rules.Screened]:
+        """The screen's verdicts on its pairs and the refined points' further pairs."""
+        sides = {side: frames([r[side] for r in screen_records]) for side in SIDES}
+        if refined:
+            sides = {side: (points, pd.concat([samples, frames([r[side] for r in refined])[1]], ignore_index=True))
+                     for side, (points, samples) in sides.items()}
+        return rules.screen(*sides["new"], *sides["ref"], self.plan)
+
+    def refine(self, leaders: list[rules.Screened], points: list[suites.Point],
+               screen_records: list[dict[str, PointRecord]], sides: dict[str, PointRunner], record: Record,
+               gpu_uuids: Callable[[suites.Point], list[str]]) -> list[dict[str, PointRecord]]:
+        """`refine_pairs` more pairs for each of the screen's leaders, numbered after its screen's pairs."""
+        pairing = Pairing(sides, None, self.say, rng=self.rng, clock=self.clock)
+        by_key = {point.key: (index, point) for index, point in enumerate(points)}
+        refined = []
+        for leader in leaders:
+            index, point = by_key[leader.point_key]
+            records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
+            directories = pairing.directories(index, point)
+            first = len(screen_records[index]["new"].samples)
+            for pair in range(first, first + self.plan.refine_pairs):
+                if pairing.run_pair(pair, point, records, directories, gpu_uuids(point)) is not None:
+                    break
+            self.say_screen(point, records)
+            for side in SIDES:
+                record("refine", side, records[side])
+            refined.append(records)
+        return refined
 
     def say_screen(self, point: suites.Point, records: dict[str, PointRecord]) -> None:
         if records["new"].status != "ok" or records["ref"].status != "ok":

@@ -1,21 +1,29 @@
 """The gate's verdicts: did any point of a suite get slower than at a baseline commit, measured tonight?
 
-The gate measures both commits in one job, in pairs of processes (benches/gate.py), in two stages:
+The gate measures both commits in one job, in pairs of processes (benches/gate.py), in stages:
 
 1. Screen: every point gets a few quiet pairs (`screen_pairs`; a pair with a contended process is made up
-   for, up to twice as many pairs). A point is a suspect when its pairs are at least e^EVIDENCE_BAR times as
-   likely slowed by `screen_toward` or more (twice the threshold) as unchanged, each pair's log ratio read
-   through a Cauchy law as wide as the night's pair spread (all points' pairs together). No claim is made here,
-   so this stage needs no level at all and costs a few processes a point.
-2. Confirm: each suspect, the strongest evidence first and at most `max_suspects` of them, gets fresh pairs
+   for, up to twice as many pairs). Each point's evidence is how much likelier its pairs are slowed by
+   `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
+   as wide as the night's pair spread (all points' pairs together).
+2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
+   point's evidence is weighed again over all its pairs. A point is a suspect when its pairs are at least
+   e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
+   level at all and cost a few processes a point.
+3. Confirm: each suspect, the strongest evidence first and at most `max_suspects` of them, gets fresh pairs
    judged by a one-sided sequential design (decisions/sequential.py) at alpha / suspects, within the stage's
    time budget (benches/night.py shares it out).
 
-Why two stages. A claim about one point among many must reach alpha / points, and pairs reach a level only
-after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one could be
-flagged. Confirming only the suspects shrinks the family to the few points that looked slower. The screen's
-data are not reused, so however the suspects were chosen, each confirmation's false-claim chance is at most
-alpha / suspects given them, and the chance of any false claim in the night at most alpha.
+Why a screen and a confirmation. A claim about one point among many must reach alpha / points, and pairs reach a
+level only after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one
+could be flagged. Confirming only the suspects shrinks the family to the few points that looked slower. The
+screen's and the refinement's data are not reused, so however the suspects were chosen, each confirmation's
+false-claim chance is at most alpha / suspects given them, and the chance of any false claim in the night at
+most alpha.
+
+Why a refinement. Three pairs of each of 16 points at the H100's noise rank a point slowed by 10% among the
+two strongest on about 90% of nights and among the four strongest on 97%; two more pairs for those four bring
+it among the two suspects on 96-97%, for about 5 minutes of a night (studies/gate_power.py).
 
 Why the screen weighs evidence rather than the estimate. On a GPU a fifth of processes run at 12% noise
 beside 3.6% for the rest (studies/simulated.py, `H100`), so a third of pairs hold a wide process; in four pairs
@@ -81,10 +89,16 @@ class GatePlan:
     # strongest evidence first
     ranking: str = "estimate"
     screen_toward: float = 0.0
+    # the confirmation's sign-flip score (decisions/sequential.py); plans stored before it had one used signed ranks
+    statistic: str = sequential.SIGNED_RANK
+    # after the screen, the `refine_points` strongest (by evidence) get `refine_pairs` more pairs before the
+    # suspects are chosen (plans stored before had no such stage)
+    refine_points: int = 0
+    refine_pairs: int = 0
 
     def confirmation(self, suspects: int) -> sequential.Design:
         return sequential.Design.plan(self.max_pairs, self.alpha / max(1, suspects), sides=1,
-                                      threshold=self.threshold)
+                                      threshold=self.threshold, statistic=self.statistic)
 
     def screen_rule(self) -> str:
         """The screen's rule in words, for a report."""
@@ -199,6 +213,15 @@ def screen(new_points: pd.DataFrame, new_samples: pd.DataFrame, ref_points: pd.D
     return found
 
 
+def leaders(screened: list[Screened], plan: GatePlan) -> list[Screened]:
+    """The points the screen's refinement measures again: the strongest evidence first, at most
+    `refine_points` of those with enough quiet pairs."""
+    if plan.ranking != "evidence" or not plan.refine_pairs:
+        return []
+    judged = [s for s in screened if s.quiet >= plan.min_quiet and math.isfinite(s.evidence)]
+    return sorted(judged, key=lambda s: -s.evidence)[:plan.refine_points]
+
+
 def suspects(screened: list[Screened], plan: GatePlan) -> list[Screened]:
     """The suspects the gate confirms, at most `max_suspects`: the strongest evidence first, or by the older
     rule the slowest first."""
@@ -303,35 +326,39 @@ def screen_pair_plan(candidate: RunData, baseline: RunData) -> GatePlan | None:
 
 
 def stored_verdicts(candidate: RunData, baseline: RunData, plan: GatePlan) -> list[GateVerdict]:
-    """The gate's verdicts rebuilt from its stored runs: the screen from these two, the confirmation from the
-    runs that name them."""
-    screened = screen(candidate.points, candidate.samples, baseline.points, baseline.samples, plan)
+    """The gate's verdicts rebuilt from its stored runs: the screen from these two and the refinement's pairs,
+    the confirmation from the runs that name them."""
+    with Store.open(candidate.store_path, readonly=True) as store:
+        later: dict[str, dict[str, RunData]] = {}
+        for row in store.runs().itertuples():
+            entry = row.fingerprint.get(GATE) or {}
+            if entry.get("stage") in ("refine", "confirm") \
+                    and (entry.get("runs") or {}).get("screen_new") == candidate.run_id:
+                later.setdefault(entry["stage"], {})[entry["side"]] = load_run(store, row.run_id)
+    samples = {"new": candidate.samples, "ref": baseline.samples}
+    if set(later.get("refine", {})) == {"ref", "new"}:
+        samples = {side: pd.concat([frame, later["refine"][side].samples], ignore_index=True)
+                   for side, frame in samples.items()}
+    screened = screen(candidate.points, samples["new"], baseline.points, samples["ref"], plan)
     chosen = suspects(screened, plan)
     confirmed: dict[str, PointVerdict] = {}
-    if chosen:
-        with Store.open(candidate.store_path, readonly=True) as store:
-            runs = store.runs()
-            sides = {}
-            for row in runs.itertuples():
-                entry = row.fingerprint.get(GATE) or {}
-                if entry.get("stage") == "confirm" and (entry.get("runs") or {}).get("screen_new") == candidate.run_id:
-                    sides[entry["side"]] = load_run(store, row.run_id)
+    sides = later.get("confirm", {})
+    if chosen and set(sides) == {"ref", "new"}:
         design = plan.confirmation(len(chosen))
-        if set(sides) == {"ref", "new"}:
-            for suspect in chosen:
-                new, ref = (sides[side].samples[sides[side].samples["point_key"] == suspect.point_key]
-                            for side in ("new", "ref"))
-                statuses = {side: sides[side].points.set_index("point_key")["status"].get(suspect.point_key)
-                            for side in ("new", "ref")}
-                if None in statuses.values():
-                    continue
-                if set(statuses.values()) != {"ok"}:
-                    failed = next(side for side, status in statuses.items() if status != "ok")
-                    reason = sides[failed].points.set_index("point_key")["reason"].get(suspect.point_key) or ""
-                    confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "failed",
-                                                          (reason.strip().splitlines() or [""])[0])
-                elif len(new) and len(ref):
-                    confirmed[suspect.key] = judge_pair_point(new, ref, design, ended=True)
+        for suspect in chosen:
+            new, ref = (sides[side].samples[sides[side].samples["point_key"] == suspect.point_key]
+                        for side in ("new", "ref"))
+            statuses = {side: sides[side].points.set_index("point_key")["status"].get(suspect.point_key)
+                        for side in ("new", "ref")}
+            if None in statuses.values():
+                continue
+            if set(statuses.values()) != {"ok"}:
+                failed = next(side for side, status in statuses.items() if status != "ok")
+                reason = sides[failed].points.set_index("point_key")["reason"].get(suspect.point_key) or ""
+                confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "failed",
+                                                      (reason.strip().splitlines() or [""])[0])
+            elif len(new) and len(ref):
+                confirmed[suspect.key] = judge_pair_point(new, ref, design, ended=True)
     return verdicts(screened, confirmed, plan)
 
 

@@ -25,6 +25,12 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more (got {text!r})")
+    return int(text)
+
+
 def number_in(low: float, high: float, low_included: bool) -> Callable[[str], float]:
     """An argparse type for a number in [low, high] (or (low, high]); one message for every value outside."""
     allowed = f"{'from' if low_included else 'above'} {low:g}"

@@ -79,9 +79,8 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
 
         found = night.run(points, runners, record, lambda point: None, lambda point: [], budget_s)
         processes[kind].append(count[0])
-        seconds[kind].append({stage: machine.clock() - stage_started[stage] if stage == "confirm" else
-                              stage_started.get("confirm", machine.clock()) - stage_started[stage]
-                              for stage in stage_started})
+        ends = list(stage_started.values())[1:] + [machine.clock()]  # each stage ends where the next starts
+        seconds[kind].append({stage: end - start for (stage, start), end in zip(stage_started.items(), ends)})
         by_point = {verdict.screen.point_key: verdict for verdict in found}
         regressed = [v for v in found if v.status == rules.REGRESSED]
         exit_code = rules.exit_code(found)
@@ -118,6 +117,7 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "confirmation seconds per null night": stage_seconds(seconds["null"], "confirm"),
         "confirmation seconds per bad night": stage_seconds(seconds["slowed"], "confirm"),
         "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
+        "refinement seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "refine"),
         "the slowed point on bad nights": {what: rate(hits, bad["nights"]) for what, hits in sorted(lost.items())},
     }
 

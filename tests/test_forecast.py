@@ -9,7 +9,7 @@ import pytest
 
 from benches import forecast
 from benches import suite as suites
-from benches.night import MAX_SUSPECTS, SCREEN_PAIRS, gate_plan
+from benches.night import MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, gate_plan
 from benches.options import ProcessOptions
 from rlperf.store import PointRecord, Store
 
@@ -42,8 +42,8 @@ def store_run(store: Store, machine: str, records: list[tuple[suites.Point, list
     return run_id
 
 
-def plan(screen_pairs=SCREEN_PAIRS, max_suspects=MAX_SUSPECTS, **options):
-    return gate_plan(ProcessOptions(suite="three", **options), screen_pairs, max_suspects)
+def plan(screen_pairs=SCREEN_PAIRS, max_suspects=MAX_SUSPECTS, refine_points=REFINE_POINTS, **options):
+    return gate_plan(ProcessOptions(suite="three", **options), screen_pairs, max_suspects, refine_points)
 
 
 def test_a_point_costs_the_median_of_its_own_processes_on_this_machine_and_an_unknown_one_the_machines_median(
@@ -54,12 +54,16 @@ def test_a_point_costs_the_median_of_its_own_processes_on_this_machine_and_an_un
         # the same points elsewhere, and with another setting here, tell nothing about this machine's night
         store_run(store, "m2", [(thirty_two, [500.0], {}), (eight, [500.0], {})])
         store_run(store, "m1", [(sixteen, [900.0], {"horizon": 4})])
-        found = forecast.predict(store, "m1", points, plan(screen_pairs=3, max_suspects=1, max_repeats=10), 1e6)
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=3, max_suspects=1, refine_points=1,
+                                                           max_repeats=10), 1e6)
     assert [cost.process_s for cost in found.points] == [12.0, 20.5, 20.0]  # 20.0: the median of all five here
     assert [cost.known_from for cost in found.points] == [3, 2, 0]
     assert found.screen_s == pytest.approx(6 * (12.0 + 20.5 + 20.0))
     assert found.confirm_max_s == pytest.approx(2 * 10 * 20.5)  # one suspect, at most 10 pairs of the costliest
+    # one leader refined, by REFINE_PAIRS pairs: the cheapest point or the costliest
+    assert found.refine_s == pytest.approx((2 * REFINE_PAIRS * 12.0, 2 * REFINE_PAIRS * 20.5))
     first, costliest = found.lines()
+    assert f"refinement {forecast.duration(found.refine_s[0])} to {forecast.duration(found.refine_s[1])}" in first
     assert "2 of them from their own earlier processes here, the others at this machine's median process (20 s)" \
         in first
     assert costliest.startswith("forecast: costliest points: num_envs=16 2 min 03 s (20 s a process); "
@@ -80,15 +84,25 @@ def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default
 def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
         store_run(store, "m1", [(point, [10.0], {}) for point in points])
-        found = forecast.predict(store, "m1", points, plan(screen_pairs=2), budget_s=600.0)
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), budget_s=600.0)
         assert found.screen_s == pytest.approx(120.0)
+        assert found.refine_s == pytest.approx((2 * REFINE_PAIRS * 20.0,) * 2)
         runs = {("screen", "ref"): store_run(store, "m1", [(point, [11.0, 11.0], {}) for point in points]),
                 ("screen", "new"): store_run(store, "m1", [(point, [13.0, 13.0], {}) for point in points]),
+                ("refine", "ref"): store_run(store, "m1", [(point, [10.0] * 2, {}) for point in points[:2]]),
+                ("refine", "new"): store_run(store, "m1", [(point, [10.0] * 2, {}) for point in points[:2]]),
                 ("confirm", "ref"): store_run(store, "m1", [(points[0], [10.0] * 4, {})]),
                 ("confirm", "new"): store_run(store, "m1", [(points[0], [10.0] * 4, {})])}
         line = found.review(store, runs, elapsed_s=250.0)
     assert line == ("forecast against measured: screen 2 min 24 s of processes where 2 min 00 s was forecast "
-                    "(+20%); confirmation 1 min 20 s (at most 10 min 00 s forecast); the night 4 min 10 s in all")
+                    "(+20%); refinement 1 min 20 s (1 min 20 s to 1 min 20 s forecast); confirmation 1 min 20 s (at "
+                    "most 10 min 00 s forecast); the night 4 min 10 s in all")
+
+
+def test_a_gate_without_a_refinement_forecasts_none(tmp_path, points):
+    with Store.open(tmp_path / "results.sqlite") as store:
+        found = forecast.predict(store, "m1", points, plan(refine_points=0), budget_s=600.0)
+    assert found.refine_s == (0.0, 0.0) and "refinement" not in found.lines()[0]
 
 
 @pytest.mark.parametrize("seconds, text", [(7.4, "7 s"), (125, "2 min 05 s"), (3 * 3600 + 15 * 60, "3 h 15 min")])

@@ -21,7 +21,7 @@ import pytest
 from projectrepo import environment, git, project_repo, rlperf
 
 from benches import suite as suites
-from benches.night import Night, gate_plan
+from benches.night import REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.pairing import SIDES, frames
 from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
@@ -96,14 +96,17 @@ def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
     machine = SimulatedMachine(always, np.random.default_rng(1))
     found = night(machine, points=NIGHTLY[:3])
     assert rules.exit_code(found) == rules.EXIT_UNMEASURED
-    assert all(v.status == rules.UNMEASURED and v.note.startswith("too few quiet pairs: 0 of 8") for v in found)
+    assert all(v.status == rules.UNMEASURED and v.note.startswith(f"too few quiet pairs: 0 of {2 * SCREEN_PAIRS}")
+               for v in found)
+    assert ("refine", "new") not in night.recorded  # no point had the quiet pairs to lead
     assert rules.conclusion(found).startswith("gate: could not measure 3 points")
 
 
 def test_a_confirmation_the_budget_cuts_short_of_its_first_look_is_not_confirmed_and_keeps_to_the_budget():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(4), process_s=20.0)
     machine.slowdowns = {("new", NIGHTLY[1].key): 0.5}
-    screened_at = len(NIGHTLY[:4]) * 2 * 4 * 20.0  # four points, four pairs of two 20 s processes
+    # four points screened and refined: their pairs of two 20 s processes
+    screened_at = (4 * SCREEN_PAIRS + min(4, REFINE_POINTS) * REFINE_PAIRS) * 2 * 20.0
     found = night(machine, points=NIGHTLY[:4], budget_s=200.0)  # five pairs: short of the first look
     slowed = found[1]
     assert slowed.status == rules.NOT_CONFIRMED and "time budget" in slowed.note, slowed.note
@@ -115,6 +118,27 @@ def test_skipped_points_neither_pass_nor_fail_the_night():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(2))
     found = night(machine, points=NIGHTLY[:4], skip=lambda point: "needs 8 GPUs" if point is NIGHTLY[0] else None)
     assert found[0].status == rules.SKIPPED and rules.exit_code(found) == rules.EXIT_PASSED
+
+
+def test_the_screens_leaders_get_more_pairs_numbered_after_their_screens_and_weighed_with_them():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(6))
+    machine.slowdowns = {("new", NIGHTLY[2].key): 0.3}
+    plan = gate_plan(ProcessOptions())
+    found = night(machine, points=NIGHTLY[:8], plan=plan)
+    screen = {record.point_key: record for record in night.recorded[("screen", "new")]}
+    refined = night.recorded[("refine", "new")]
+    assert len(refined) == plan.refine_points and NIGHTLY[2].key in {record.point_key for record in refined}
+    for record in refined:
+        assert [pair for pair, _ in record.samples] == list(range(SCREEN_PAIRS, SCREEN_PAIRS + REFINE_PAIRS))
+        assert len(screen[record.point_key].samples) == SCREEN_PAIRS
+    by_point = {verdict.screen.point_key: verdict for verdict in found}
+    assert by_point[NIGHTLY[2].key].screen.pairs == SCREEN_PAIRS + REFINE_PAIRS
+    assert by_point[NIGHTLY[2].key].status == rules.REGRESSED
+    unrefined = set(screen) - {record.point_key for record in refined}
+    assert all(by_point[key].screen.pairs == SCREEN_PAIRS for key in unrefined)
+    without = night(SimulatedMachine(GPU_RUNNER, np.random.default_rng(6)), points=NIGHTLY[:8],
+                    plan=gate_plan(ProcessOptions(), refine_points=0))
+    assert ("refine", "new") not in night.recorded and all(v.screen.pairs == SCREEN_PAIRS for v in without)
 
 
 def test_only_the_suspects_with_the_strongest_evidence_are_confirmed_each_at_its_share_of_alpha():
@@ -189,7 +213,7 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
         runs = store.runs()
         stages = {(f["gate"]["stage"], f["gate"]["side"]) for f in runs["fingerprint"]}
-        assert stages == {("screen", "ref"), ("screen", "new"), ("confirm", "ref"), ("confirm", "new")}
+        assert stages == {(stage, side) for stage in ("screen", "refine", "confirm") for side in SIDES}
         assert set(runs["status"]) == {"complete"}
         screen_new = runs[[f["gate"] == {**f["gate"], "stage": "screen", "side": "new"} for f in runs["fingerprint"]]]
         run_id = screen_new["run_id"].iloc[0]
