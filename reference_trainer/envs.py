@@ -51,6 +51,16 @@ class VecEnv:
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    # An env that steps outside the caller's thread (its own threads or processes) says so and splits `step`
+    # in two: `send` starts the step on `actions` and returns, `recv` waits for it and returns what step would.
+    steps_on_its_own = False
+
+    def send(self, actions: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
     def close(self) -> None:
         """Releases what the environment holds beyond this process's memory (an async env's subprocesses)."""
 
@@ -443,6 +453,10 @@ class GymVecEnv(VecEnv):
         self.obs_shape = tuple(observations.shape) or (1,)
         self.obs_dtype = np.dtype(np.uint8 if observations.dtype == np.uint8 else np.float32)
         self._seed = seed
+        # ale-py's AtariVectorEnv queues actions to its threads with send and collects with recv;
+        # gymnasium's AsyncVectorEnv does the same with its subprocesses through step_async and step_wait
+        self._native_send = callable(getattr(self._env, "send", None)) and callable(getattr(self._env, "recv", None))
+        self.steps_on_its_own = self._native_send or isinstance(self._env, gymnasium.vector.AsyncVectorEnv)
 
     def _observation(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(obs, dtype=self.obs_dtype).reshape(self.num_envs, *self.obs_shape)
@@ -452,8 +466,19 @@ class GymVecEnv(VecEnv):
         self._resetting[:] = False
         return self._observation(obs)
 
+    def send(self, actions):
+        if self._native_send:
+            self._env.send(actions)
+        else:
+            self._env.step_async(actions)
+
+    def recv(self):
+        return self._arrivals(*(self._env.recv() if self._native_send else self._env.step_wait()))
+
     def step(self, actions):
-        obs, rewards, terminated, truncated, _ = self._env.step(actions)
+        return self._arrivals(*self._env.step(actions))
+
+    def _arrivals(self, obs, rewards, terminated, truncated, _info):
         dones = terminated | truncated
         if self.next_step_reset:
             valid, self._resetting = ~self._resetting, dones
