@@ -1,6 +1,7 @@
 """With two or more env groups, a group's env step runs beside the next group's policy step (stepping.py):
 the schedule changes, the training does not, and the summary says how much env time the overlap hid."""
 
+import json
 import threading
 import time
 
@@ -161,3 +162,32 @@ def test_an_env_stepped_on_the_device_has_no_overlap_to_report():
     summary = train(small(env="synthetic-device", env_groups=2))
     assert summary["env_overlap"] is None
     assert all(e["env_busy_seconds"] is None for e in summary["epochs"])
+
+
+def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tmp_path):
+    from decisions.rundata import load
+    from reports.render import env_overlap_section, which_side_waits
+    from rlperf.machine import machine_key
+    from rlperf.store import PointRecord, Store, utc_now
+
+    measured = train(small(env="memory", env_groups=2))
+    older = {key: value for key, value in measured.items() if key != "env_overlap"}
+    print_ = {"git": {"commit": "0" * 16, "dirty": False}, "cpu": {"model": "Test CPU"}, "gpus": [], "suite_hash": "h"}
+    path = tmp_path / "results.sqlite"
+    with Store.open(path) as db:
+        run_id = db.create_run("overlap", "h", print_, machine_key(print_), None)
+        for values, summary in (({"env_groups": 2}, measured), ({"env_groups": 1}, older)):
+            db.record_point(run_id, PointRecord(json.dumps(values), summary["config"], "ok", utc_now(), 1.0,
+                                                samples=[(0, summary)]))
+        db.finish_run(run_id, "complete")
+    table = env_overlap_section(load(f"{path}::{run_id}")).tables[0].set_index("point")
+    assert table.loc["env_groups=2", "which side waits"].startswith("env ")
+    assert table.loc["env_groups=1", "which side waits"] == "not measured"
+    assert table.loc["env_groups=1", "env (µs/step)"] == "not measured"
+
+    # the side named is the larger one, and a single group says nothing was hidden
+    assert which_side_waits(72.0, 43.2, 30.0, 100.0, 2) == (
+        "env 72% of the step, 40% of it hidden behind the policy (policy 30%): the env side limits the rollout, "
+        "more cores or env threads would speed it")
+    assert "policy side limits" in which_side_waits(20.0, 1.0, 60.0, 100.0, 2)
+    assert "none of it hidden" in which_side_waits(20.0, 20.0, 60.0, 100.0, 1)
