@@ -98,6 +98,8 @@ class Trainer:
         self.env_on_device = cfg.env == "synthetic-device"
         self.env_start_seconds = time.perf_counter() - env_start
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1) for env in self.envs]
+        # whether launch_step returns before its actions are ready (rollout says why the order depends on it)
+        self.launches_queue_up = cfg.non_blocking
         env = self.envs[0]
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
         self.policy, self.dtype_used = build_policy(cfg, env.obs_shape, env.num_actions, obs_dtype, device, autocast)
@@ -160,16 +162,29 @@ class Trainer:
         x.start_rollout()
         # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
         # only after the host has waited for this epoch's first actions, computed after that update.
-        for group in range(len(self.envs)):
+        # A group's env step runs beside the policy step that follows it on the host. Where launch_step
+        # waits for the group's actions (the policy computing on the host, or a blocking copy of them), that
+        # is the next group's: each group's env step starts right after its own actions. Where the host waits
+        # for them only in start_env_step (non_blocking), the device computes every launched step in turn, so
+        # the host launches a group and then waits for the next group's actions, launched one group earlier:
+        # the device always has a step queued, and each env step runs beside the next launched one.
+        G, queued = len(self.envs), self.launches_queue_up
+        for group in range(G):
             self.launch_step(group, 0)
-            self.start_env_step(group, 0)
+            if not queued:
+                self.start_env_step(group, 0)
+        if queued:
+            self.start_env_step(0, 0)
         for t in range(T):
             self.rank.beat()
-            for group in range(len(self.envs)):
+            for group in range(G):
                 self.finish_env_step(group, t)
                 if t + 1 < T:
                     self.launch_step(group, t + 1)
-                    self.start_env_step(group, t + 1)
+                    if not queued:
+                        self.start_env_step(group, t + 1)
+                if queued and (group + 1 < G or t + 1 < T):
+                    self.start_env_step((group + 1) % G, t + (group + 1) // G)
 
         # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
         # step_value: those calls are the ones already compiled or captured, where a value-only forward would

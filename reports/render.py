@@ -213,14 +213,15 @@ def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us:
         return "not measured"
     hidden = max(0.0, env_us - waited_us) / env_us if env_us else 0.0
     text = f"env {env_us / step_us:.0%} of the step, "
-    text += f"{hidden:.0%} of it hidden behind the policy" if env_groups > 1 else \
-        "none of it hidden (one env group: --env-groups 2 would overlap it with the policy)"
+    text += f"{hidden:.0%} of it hidden behind the policy" if env_groups > 1 else "none of it hidden (one env group)"
     if np.isnan(policy_us):
         return text + "; the policy was not timed (timers off)"
-    text += f" (policy {policy_us / step_us:.0%}): "
+    text += f", policy {policy_us / step_us:.0%}: "
     if env_us > policy_us:
-        return text + "the env side limits the rollout, more cores or env threads would speed it"
-    return text + "the policy side limits the rollout, a faster device (or a smaller model) would speed it"
+        text += "the env side limits the rollout, more cores or env threads would speed it"
+    else:
+        text += "the policy side limits the rollout, a faster device would speed it"
+    return text + ("" if env_groups > 1 else "; --env-groups 2 would overlap the two")
 
 
 def env_overlap_section(run: RunData) -> Section | None:

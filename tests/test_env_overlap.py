@@ -187,7 +187,41 @@ def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tm
 
     # the side named is the larger one, and a single group says nothing was hidden
     assert which_side_waits(72.0, 43.2, 30.0, 100.0, 2) == (
-        "env 72% of the step, 40% of it hidden behind the policy (policy 30%): the env side limits the rollout, "
+        "env 72% of the step, 40% of it hidden behind the policy, policy 30%: the env side limits the rollout, "
         "more cores or env threads would speed it")
     assert "policy side limits" in which_side_waits(20.0, 1.0, 60.0, 100.0, 2)
-    assert "none of it hidden" in which_side_waits(20.0, 20.0, 60.0, 100.0, 1)
+    assert which_side_waits(20.0, 20.0, 60.0, 100.0, 1) == (
+        "env 20% of the step, none of it hidden (one env group), policy 60%: the policy side limits the rollout, a "
+        "faster device would speed it; --env-groups 2 would overlap the two")
+
+
+def test_the_order_for_launches_that_queue_up_trains_alike(monkeypatch):
+    """With non_blocking copies (CUDA) launch_step returns before its actions are ready and the rollout
+    launches a group before waiting for the next one's actions. On a CPU the policy step is done when
+    launch_step returns, so that order can run here: it must train as the default order does."""
+    calls = []
+    init, launch_step, start_env_step = (train_module.Trainer.__init__, train_module.Trainer.launch_step,
+                                         train_module.Trainer.start_env_step)
+
+    def queuing_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.launches_queue_up = True
+
+    def recorded_launch(self, group, t):
+        calls.append(("launch", group, t))
+        launch_step(self, group, t)
+
+    def recorded_start(self, group, t):
+        calls.append(("start", group, t))
+        start_env_step(self, group, t)
+
+    default = train(small(env="memory", env_groups=2))
+    monkeypatch.setattr(train_module.Trainer, "__init__", queuing_init)
+    monkeypatch.setattr(train_module.Trainer, "launch_step", recorded_launch)
+    monkeypatch.setattr(train_module.Trainer, "start_env_step", recorded_start)
+    queued = train(small(env="memory", env_groups=2))
+    # both groups are launched before the first wait, and each later launch comes before the other group's start
+    assert calls[:6] == [("launch", 0, 0), ("launch", 1, 0), ("start", 0, 0), ("launch", 0, 1), ("start", 1, 0),
+                         ("launch", 1, 1)]
+    assert sum(call[0] == "start" for call in calls) == sum(call[0] == "launch" for call in calls)
+    assert per_epoch(queued) == per_epoch(default)
