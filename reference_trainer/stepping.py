@@ -4,9 +4,10 @@ The trainer starts a group's env step as soon as the group's actions are on the 
 when the group's next observations are needed, so with two or more groups the env of one group steps while
 the policy of the next computes, and a step costs the larger of the two rather than their sum. An env that
 steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator threads, gymnasium's async subprocesses)
-is sent its actions at once from the trainer's thread; any other (gymnasium's sync copies, the numpy envs)
-is stepped by a worker thread of its group's own, which numpy and the emulators let run beside the policy
-while they hold no interpreter lock.
+is sent its actions at once from the trainer's thread; gymnasium's sync copies are stepped by a worker
+thread of the group's own, which the emulators and simulators let run beside the policy while they hold no
+interpreter lock. The numpy envs of envs.py step in the trainer's thread (`VecEnv.steps_beside_the_policy`
+says why).
 
 Both sides are timed: `busy` is the env's own time, measured where it runs (from sending the actions to the
 results being ready, or the worker's step from its start to its end), and `wait` the trainer thread's time
@@ -100,5 +101,8 @@ class OverlappedStepper(InlineStepper):
 
 
 def env_stepper(env: VecEnv, overlapped: bool) -> InlineStepper:
-    """The stepper of one group: overlapped when there are other groups for its step to run beside."""
-    return OverlappedStepper(env) if overlapped else InlineStepper(env)
+    """The stepper of one group: overlapped when there are other groups for its step to run beside and the
+    env can run beside them."""
+    if overlapped and (env.steps_on_its_own or env.steps_beside_the_policy):
+        return OverlappedStepper(env)
+    return InlineStepper(env)

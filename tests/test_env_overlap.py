@@ -10,7 +10,7 @@ import pytest
 import reference_trainer.train as train_module
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.envs import GymVecEnv
-from reference_trainer.stepping import InlineStepper
+from reference_trainer.stepping import InlineStepper, OverlappedStepper
 from reference_trainer.train import train
 
 SMALL = dict(num_envs=8, horizon=8, minibatch_size=32, hidden_size=16, total_steps=8 * 8 * 4, threads=1,
@@ -28,6 +28,11 @@ def per_epoch(summary: dict) -> list:
 def sequential(monkeypatch) -> None:
     """Every group stepped in the trainer's thread when collected: the schedule before overlap."""
     monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: InlineStepper(env))
+
+
+def overlapped_always(monkeypatch) -> None:
+    """Every group stepped by its worker thread, even an env that gains nothing from it."""
+    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: OverlappedStepper(env))
 
 
 def record_stepping_threads(monkeypatch) -> set[str]:
@@ -51,16 +56,16 @@ def record_stepping_threads(monkeypatch) -> set[str]:
 
 
 @pytest.mark.parametrize("env", ["memory", "cartpole", "catch"])
-def test_overlapped_numpy_envs_train_like_sequential_ones(monkeypatch, env):
+def test_numpy_envs_step_in_the_trainers_thread_and_would_train_alike_in_workers(monkeypatch, env):
     extra = dict(encoder="cnn", cnn_channels=4) if env == "catch" else {}
-    overlapped_threads = record_stepping_threads(monkeypatch)
-    overlapped = train(small(env=env, env_groups=2, **extra))
-    assert overlapped_threads == {"env-group"}
-
-    sequential(monkeypatch)
     inline_threads = record_stepping_threads(monkeypatch)
     inline = train(small(env=env, env_groups=2, **extra))
     assert inline_threads == {"MainThread"}
+
+    overlapped_always(monkeypatch)
+    worker_threads = record_stepping_threads(monkeypatch)
+    overlapped = train(small(env=env, env_groups=2, **extra))
+    assert worker_threads == {"env-group"}
     assert overlapped["episodes"] == inline["episodes"] > 0
     assert per_epoch(overlapped) == per_epoch(inline)
 
@@ -124,6 +129,7 @@ def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatc
 
     monkeypatch.setattr(train_module.Trainer, "launch_step", witnessed_launch)
     monkeypatch.setattr(train_module, "make_env", gated)
+    overlapped_always(monkeypatch)
     train(small(env="memory", env_groups=2, total_steps=8 * 8 * 2))
     assert steps_taken == {0: 2 * 8, 4: 2 * 8} and not timed_out
 
@@ -145,6 +151,7 @@ def test_the_summary_says_how_much_env_time_the_overlap_hid(monkeypatch):
 
     monkeypatch.setattr(train_module, "make_env", slow_env)
     monkeypatch.setattr(train_module.Trainer, "launch_step", slow_policy)
+    overlapped_always(monkeypatch)
     cfg = small(env="memory", env_groups=2, num_envs=4, horizon=4, minibatch_size=8, total_steps=4 * 4 * 3)
     steady_env_steps = 2 * 4 * 2  # two steady epochs of four steps of two groups
 
@@ -170,7 +177,7 @@ def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tm
     from rlperf.machine import machine_key
     from rlperf.store import PointRecord, Store, utc_now
 
-    measured = train(small(env="memory", env_groups=2))
+    measured = train(small(env="gym:CartPole-v1", env_groups=2))
     older = {key: value for key, value in measured.items() if key != "env_overlap"}
     print_ = {"git": {"commit": "0" * 16, "dirty": False}, "cpu": {"model": "Test CPU"}, "gpus": [], "suite_hash": "h"}
     path = tmp_path / "results.sqlite"
@@ -215,11 +222,11 @@ def test_the_order_for_launches_that_queue_up_trains_alike(monkeypatch):
         calls.append(("start", group, t))
         start_env_step(self, group, t)
 
-    default = train(small(env="memory", env_groups=2))
+    default = train(small(env="gym:CartPole-v1", env_groups=2))
     monkeypatch.setattr(train_module.Trainer, "__init__", queuing_init)
     monkeypatch.setattr(train_module.Trainer, "launch_step", recorded_launch)
     monkeypatch.setattr(train_module.Trainer, "start_env_step", recorded_start)
-    queued = train(small(env="memory", env_groups=2))
+    queued = train(small(env="gym:CartPole-v1", env_groups=2))
     # both groups are launched before the first wait, and each later launch comes before the other group's start
     assert calls[:6] == [("launch", 0, 0), ("launch", 1, 0), ("start", 0, 0), ("launch", 0, 1), ("start", 1, 0),
                          ("launch", 1, 1)]
