@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import reference_trainer.train as train_module
 from reference_trainer.config import TrainConfig, validate
@@ -232,3 +233,21 @@ def test_the_order_for_launches_that_queue_up_trains_alike(monkeypatch):
                          ("launch", 1, 1)]
     assert sum(call[0] == "start" for call in calls) == sum(call[0] == "launch" for call in calls)
     assert per_epoch(queued) == per_epoch(default)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("knobs", [{}, dict(pinned=True, non_blocking=True, copy_stream=True)])
+def test_on_cuda_overlapped_gym_copies_train_as_one_group_does(knobs):
+    """The two orders on CUDA: with blocking action copies each env step starts after its own group's
+    actions; with non_blocking ones, after the next group is launched. Every copy is held back on its stream
+    (train's copy_delay_cycles), so an env stepped on actions not yet copied, or observations refilled while
+    a copy still reads them, changes the losses."""
+    cfg = dict(env="gym:CartPole-v1", device="cuda", num_envs=64, horizon=8, minibatch_size=128, hidden_size=32,
+               total_steps=64 * 8 * 4, **knobs)
+    one = train(validate(TrainConfig(**cfg)))
+    two = train(validate(TrainConfig(**cfg, env_groups=2)), copy_delay_cycles=2_000_000)
+    assert two["env_overlap"]["env_busy_seconds"] > 0 and two["episodes"] == one["episodes"] > 0
+    for got, expected in zip(per_epoch(two), per_epoch(one)):
+        assert got[1:] == expected[1:]
+        assert got[0] == pytest.approx(expected[0], rel=1e-4, abs=1e-6)
