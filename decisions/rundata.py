@@ -127,6 +127,25 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
     return table[ordered + [c for c in table.columns if c not in ordered]]
 
 
+def env_overlap_per_step(run: RunData) -> pd.DataFrame:
+    """Per point, microseconds per agent step (median over repeats) of the env's own time (`env`), the
+    trainer's time spent on it (`waited`), the policy's time (`policy`) and the whole steady step (`step`),
+    from the summaries' `env_overlap`, with the point's `env_groups`; NaN where it was not measured (runs
+    stored before the field, envs stepped on the device, `policy` without timers). Index: point label."""
+    rows = {}
+    for point_key, samples in run.samples.groupby("point_key", sort=False):
+        per_repeat = []
+        for summary in samples["summary"]:
+            overlap = summary.get("env_overlap") or {}
+            per_step = 1e6 / summary["steady_steps"]
+            seconds = [overlap.get(key) for key in ("env_busy_seconds", "env_wait_seconds", "policy_seconds")]
+            per_repeat.append([np.nan if s is None else s * per_step for s in seconds]
+                              + [summary["steady_seconds"] * per_step])
+        medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step"]).median()
+        rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0]["config"].get("env_groups", 1)}
+    return pd.DataFrame(rows).T
+
+
 def reference_point(point_key: str, candidates: list[str]) -> str | None:
     """The point that sets the fewest of this point's swept values, and nothing else: for a knob swept on
     its own, the plain baseline at the same batch size."""

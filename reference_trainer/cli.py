@@ -88,6 +88,13 @@ def print_summary(summary: dict) -> None:
     h2d = summary["h2d_bytes_per_step"]
     console.print(f"host->device copies {h2d:,} bytes per agent step, {h2d * summary['sps'] / 1e6:,.1f} MB/s at the "
                   f"steady SPS; policy of {summary['parameters']:,} parameters")
+    overlap = summary["env_overlap"]
+    if overlap is not None:
+        busy, waited, policy = overlap["env_busy_seconds"], overlap["env_wait_seconds"], overlap["policy_seconds"]
+        hidden = max(0.0, busy - waited) / busy if busy else 0.0
+        console.print(f"env busy {busy:.3f} s ({100 * busy / steady:.1f}% of the steady time), waited for {waited:.3f} s: "
+                      f"{100 * hidden:.0f}% hidden behind the policy"
+                      + ("" if policy is None else f" (policy {policy:.3f} s)"))
     ret = summary["mean_episode_return"]
     console.print(
         f"SPS {summary['sps']:,.0f} steady, {summary['sps_end_to_end']:,.0f} end to end; "

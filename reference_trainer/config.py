@@ -103,8 +103,8 @@ class TrainConfig:
                              GPU)
     copy_stream: bool = knob(False, "issue host->device copies on a second stream; needs --pinned --non-blocking "
                                     "(CUDA only)", GPU)
-    env_groups: int = knob(1, "step the envs in this many groups, overlapping one group's env step with another's "
-                              "forward on a GPU (results do not depend on it)")
+    env_groups: int = knob(1, "step the envs in this many groups, each group's env step running beside the next "
+                              "group's policy step (results do not depend on it)")
     compile: bool = knob(False, "torch.compile the rollout step and forward+loss (compile time reported apart)")
     world_size: int = knob(1, "ranks (processes), one GPU each on CUDA; num_envs is split among them")
     rank_timeout: float = knob(300.0, "seconds a rank may make no progress before the run fails with that rank named")

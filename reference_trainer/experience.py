@@ -42,7 +42,8 @@ class Experience:
         self.step_value = torch.zeros(n, device=device)
         self.step_noise = torch.zeros(n, num_actions, device=device)
 
-        # Pinned staging lets copies run asynchronously (Trainer.step_envs says why one buffer of each is enough).
+        # Pinned staging lets copies run asynchronously (Trainer.finish_env_step says why one buffer of each is
+        # enough).
         pin = cfg.pinned
         self.host_obs = torch.zeros(n, *obs_shape, dtype=obs_dtype, pin_memory=pin)
         self.host_arrivals = torch.zeros(n, self.arrivals.shape[-1], pin_memory=pin)

@@ -19,6 +19,8 @@ from rlperf import __version__
 from rlperf.machine import cuda_uuid, torch_versions
 
 SCHEMA = 1
+# the rollout's phases outside `env`: the trainer thread's work for the policy, which a group's env step can run beside
+POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
 
 
 @dataclass
@@ -40,6 +42,7 @@ class RunSummary:
     steady_seconds: float
     phases: dict[str, float]
     phase_coverage: float | None
+    env_overlap: dict[str, Any] | None
     epochs: list[dict]
     mean_episode_return: float | None
     episodes: int
@@ -88,6 +91,7 @@ class RunSummary:
             steady_seconds=steady_seconds,
             phases=phases,
             phase_coverage=sum(phases.values()) / steady_seconds if cfg.timers else None,
+            env_overlap=env_overlap(cfg, steady, phases),
             epochs=epochs,
             mean_episode_return=float(np.mean(tail_returns)) if tail_returns else None,
             episodes=sum(e["episodes"] for e in epochs),
@@ -116,3 +120,16 @@ class RunSummary:
         if self.ranks is None:
             del summary["ranks"]
         return summary
+
+
+def env_overlap(cfg: TrainConfig, steady: list[dict], phases: dict[str, float]) -> dict[str, Any] | None:
+    """Over the steady epochs: the env's own busy seconds, the trainer thread's seconds spent on the env
+    (starting and waiting for its steps), and the policy's (the rollout's other phases; null without
+    timers); null for an env stepped on the device, which has no host step to overlap."""
+    if steady[0]["env_busy_seconds"] is None:
+        return None
+    return {
+        "env_busy_seconds": sum(e["env_busy_seconds"] for e in steady),
+        "env_wait_seconds": sum(e["env_wait_seconds"] for e in steady),
+        "policy_seconds": sum(phases[name] for name in POLICY_PHASES) if cfg.timers else None,
+    }

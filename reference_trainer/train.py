@@ -1,7 +1,7 @@
 """PPO with an LSTM policy, timed phase by phase.
 
 Each epoch: a rollout of `horizon` steps over this rank's environments, stepped in `env_groups` groups in
-turn so the host can step one group while the device computes another's actions (env, eval_copy,
+turn so that one group's env steps while the policy computes another's actions (stepping.py; env, eval_copy,
 eval_forward, eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
 train_forward, learn), then one read of the epoch's statistics (log).
 
@@ -27,6 +27,7 @@ from reference_trainer.envs import make_env
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
+from reference_trainer.stepping import env_stepper
 from reference_trainer.summary import RunSummary
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
@@ -79,8 +80,9 @@ class Trainer:
     """One rank's training over fixed buffers: `rollout()` fills the epoch's experience, `update()` learns
     from it, `end_epoch()` reads the epoch's statistics once.
 
-    The rollout steps the environments in `env_groups` groups in turn, so the host can step one group while
-    the device computes another's actions (with one group the steps simply alternate). The policy step and
+    The rollout steps the environments in `env_groups` groups in turn: each group's env step starts once its
+    actions are on the host and is collected when its next observations are needed, so it runs beside the
+    other groups' policy steps (with one group the steps simply alternate). The policy step and
     the minibatch update are separate objects that read and write only preallocated tensors: they can be
     compiled and captured as CUDA graphs, and they hold no reference back to the trainer."""
 
@@ -95,6 +97,9 @@ class Trainer:
                      for g in range(cfg.env_groups)]
         self.env_on_device = cfg.env == "synthetic-device"
         self.env_start_seconds = time.perf_counter() - env_start
+        self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1) for env in self.envs]
+        # whether launch_step returns before its actions are ready (rollout says why the order depends on it)
+        self.launches_queue_up = cfg.non_blocking
         env = self.envs[0]
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
         self.policy, self.dtype_used = build_policy(cfg, env.obs_shape, env.num_actions, obs_dtype, device, autocast)
@@ -157,14 +162,29 @@ class Trainer:
         x.start_rollout()
         # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
         # only after the host has waited for this epoch's first actions, computed after that update.
-        for group in range(len(self.envs)):
+        # A group's env step runs beside the policy step that follows it on the host. Where launch_step
+        # waits for the group's actions (the policy computing on the host, or a blocking copy of them), that
+        # is the next group's: each group's env step starts right after its own actions. Where the host waits
+        # for them only in start_env_step (non_blocking), the device computes every launched step in turn, so
+        # the host launches a group and then waits for the next group's actions, launched one group earlier:
+        # the device always has a step queued, and each env step runs beside the next launched one.
+        G, queued = len(self.envs), self.launches_queue_up
+        for group in range(G):
             self.launch_step(group, 0)
+            if not queued:
+                self.start_env_step(group, 0)
+        if queued:
+            self.start_env_step(0, 0)
         for t in range(T):
             self.rank.beat()
-            for group in range(len(self.envs)):
-                self.step_envs(group, t)
+            for group in range(G):
+                self.finish_env_step(group, t)
                 if t + 1 < T:
                     self.launch_step(group, t + 1)
+                    if not queued:
+                        self.start_env_step(group, t + 1)
+                if queued and (group + 1 < G or t + 1 < T):
+                    self.start_env_step((group + 1) % G, t + (group + 1) // G)
 
         # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
         # step_value: those calls are the ones already compiled or captured, where a value-only forward would
@@ -197,24 +217,34 @@ class Trainer:
             return
         self.timer.enter("eval_copy")
         self.delay_copy()
-        # the one blocking read of the step, unless non_blocking waits for it through an event in step_envs
+        # the one blocking read of the step, unless non_blocking waits for it through an event in
+        # start_env_step
         v.host_actions.copy_(v.step_action, non_blocking=self.cfg.non_blocking)
         if self.cfg.non_blocking:
             self.actions_ready[group].record()
 
-    def step_envs(self, group: int, t: int) -> None:
-        """Steps one group's environments with the actions of step t, and queues the copy of what they
-        return into slot t + 1 of the experience (the device env writes it there itself)."""
+    def start_env_step(self, group: int, t: int) -> None:
+        """Starts one group's env step on the actions of step t, once they are on the host; the device env
+        is stepped by finish_env_step alone."""
+        if self.env_on_device:
+            return
+        if self.cfg.non_blocking:
+            self.actions_ready[group].synchronize()
+        self.timer.enter("env")
+        # host_actions is next written by this group's launch_step(t + 1), after finish_env_step(t) collected it
+        self.steppers[group].start(self.experience.groups[group].host_actions_array)
+
+    def finish_env_step(self, group: int, t: int) -> None:
+        """Collects one group's env step on the actions of step t, and queues the copy of what it returned
+        into slot t + 1 of the experience (the device env writes it there itself)."""
         v, masked = self.experience.groups[group], self.experience.masked
         if self.env_on_device:
             self.timer.enter("env")
             self.envs[group].step_into(v.actions[t], v.obs[t + 1], v.rewards[t], v.dones[t])
             v.starts[t + 1].copy_(v.dones[t])
             return
-        if self.cfg.non_blocking:
-            self.actions_ready[group].synchronize()
         self.timer.enter("env")
-        next_obs, rewards, dones, valid = self.envs[group].step(v.host_actions_array)
+        next_obs, rewards, dones, valid = self.steppers[group].finish()
         self.timer.enter("eval_copy")
         # No copy out of the staging buffers can still be running when the host refills them: the actions the
         # envs just took were computed on the device from observation t, after the compute stream had waited
@@ -278,11 +308,14 @@ class Trainer:
         if cfg.anneal_lr:
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
+        env_times = [stepper.take_times() for stepper in self.steppers]
         if self.profiler is not None:
             self.profiler.step()
         return {
             "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
             "phases": phases, "losses": losses, "episodes": episodes_done,
+            "env_busy_seconds": sum(busy for busy, _ in env_times) if env_times else None,
+            "env_wait_seconds": sum(wait for _, wait in env_times) if env_times else None,
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
             "end_seconds": time.perf_counter() - self.process_start,
         }
@@ -302,6 +335,8 @@ class Trainer:
         if save_policy and self.rank.rank == 0:
             torch.save(self.policy.state_dict(), save_policy)
         wall = time.perf_counter() - self.process_start
+        for stepper in self.steppers:
+            stepper.close()
         for env in self.envs:
             env.close()
         return RunSummary.of_run(

@@ -12,7 +12,7 @@ from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, 
 from decisions.learning import LearningVerdict
 from reports.learning_report import baseline_learning_section, knob_learning_section, learning_section
 from reports.page import Report, Section, write_report
-from decisions.rundata import RunData, knob_pairs, phase_us_per_step, point_table, swept_axes
+from decisions.rundata import RunData, env_overlap_per_step, knob_pairs, phase_us_per_step, point_table, swept_axes
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_criteria
 from decisions import screening
 from reports.history import MIN_OFFSET_RUNS, offset_text, suite_offset
@@ -204,6 +204,45 @@ def phase_section(run: RunData) -> Section | None:
     text = ["Microseconds per agent step spent in each phase over the steady epochs (median of repeats) and "
             "the phase's share of the step."]
     return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
+
+
+def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us: float, env_groups: int) -> str:
+    """One point's line: the env's share of the step, how much of it the env groups' overlap hid behind the
+    policy, and the side that limits the rollout, whose hardware would speed it."""
+    if np.isnan(env_us):
+        return "not measured"
+    hidden = max(0.0, env_us - waited_us) / env_us if env_us else 0.0
+    text = f"env {env_us / step_us:.0%} of the step, "
+    text += f"{hidden:.0%} of it hidden behind the policy" if env_groups > 1 else "none of it hidden (one env group)"
+    if np.isnan(policy_us):
+        return text + "; the policy was not timed (timers off)"
+    text += f", policy {policy_us / step_us:.0%}: "
+    if env_us > policy_us:
+        text += "the env side limits the rollout, more cores or env threads would speed it"
+    else:
+        text += "the policy side limits the rollout, a faster device would speed it"
+    return text + ("" if env_groups > 1 else "; --env-groups 2 would overlap the two")
+
+
+def env_overlap_section(run: RunData) -> Section | None:
+    if run.samples.empty:
+        return None
+    per_step = env_overlap_per_step(run)
+    rows = [{"point": label, "env (µs/step)": _fmt_us(row.env), "trainer waited (µs/step)": _fmt_us(row.waited),
+             "policy (µs/step)": _fmt_us(row.policy), "which side waits": which_side_waits(
+                 row.env, row.waited, row.policy, row.step, int(row.env_groups))}
+            for label, row in per_step.iterrows()]
+    text = ["Per agent step over the steady epochs (median of repeats): the env's own time, measured where it "
+            "steps (a native env from its actions sent to its results ready, a worker thread's step, else the step "
+            "in the trainer's thread); the time "
+            "the trainer's thread spent on it (starting its steps and waiting for them); the policy's time (the "
+            "rollout's eval phases). With two or more env groups the env steps beside the next group's policy, "
+            "so env minus waited is what the overlap hid, and the larger of env and policy limits the rollout."]
+    return Section("Which side waits", text, [pd.DataFrame(rows)])
+
+
+def _fmt_us(us: float) -> str:
+    return "not measured" if np.isnan(us) else f"{us:.2f}"
 
 
 def fmt_phase_changes(changes: list) -> str:
@@ -454,7 +493,7 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
     if not table.empty:
         sections += [sps_section(table), learning_section(candidate, table, alpha),
                      knob_learning_section(candidate, threshold, alpha), quiet_section(candidate),
-                     phase_section(candidate), roofline.section(candidate), knob_section(candidate, threshold, alpha),
+                     phase_section(candidate), env_overlap_section(candidate), roofline.section(candidate), knob_section(candidate, threshold, alpha),
                      axes_section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate),
                      gpu_clocks_section(candidate)]

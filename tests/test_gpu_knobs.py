@@ -76,7 +76,7 @@ def test_async_copies_deliver_exactly_what_blocking_copies_do():
     # the data and so every loss after it. The delay hook holds every copy back by far longer than the
     # host takes to step, so a missing wait shows; tolerances allow for reduction order only. The two
     # waits there are (the host on actions_ready, the compute stream on obs_ready) each guard one of those
-    # reads; every other order the copies need follows from them (Trainer.step_envs and rollout say how).
+    # reads; every other order the copies need follows from them (Trainer.finish_env_step and rollout say how).
     blocking = per_epoch_losses(train(cuda_cfg()))
     steady_steps = (len(blocking) - BASE["warmup_epochs"]) * BASE["horizon"]
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),

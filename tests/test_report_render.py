@@ -137,7 +137,7 @@ def rendered(store, tmp_path_factory):
 def test_report_has_every_section_and_regressions_fail(rendered):
     code, markdown, html_path = rendered
     assert code == 1
-    for title in ("Verdict against the baseline", "Steps per second", "Phase breakdown",
+    for title in ("Verdict against the baseline", "Steps per second", "Phase breakdown", "Which side waits",
                   "How far from the machine's limits", "Scaling with world size", "Per-rank stragglers",
                   "Utilization over time", "Collectives", "Traces", "Machine fingerprint"):
         assert f"## {title}" in markdown

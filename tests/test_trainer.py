@@ -129,8 +129,12 @@ def test_phases_cover_the_epoch_and_the_summary_has_its_fields():
     assert set(summary["phases"]) == set(PHASES)
     assert summary["phase_coverage"] >= 0.97
     for key in ("config", "sps", "sps_end_to_end", "warmup_seconds", "wall_seconds", "phases",
-                "mean_episode_return", "versions", "epochs"):
+                "mean_episode_return", "versions", "epochs", "env_overlap"):
         assert key in summary
+    overlap = summary["env_overlap"]
+    # one env group: the env steps in the trainer's thread, so all its time was waited for
+    assert overlap["env_wait_seconds"] == overlap["env_busy_seconds"] > 0
+    assert overlap["policy_seconds"] == pytest.approx(sum(summary["phases"][p] for p in ("eval_forward", "eval_copy", "eval_misc")))
     assert summary["steps"] == 6 * 16 * 8 and summary["sps"] > 0
     json.dumps(summary)
 

@@ -1,0 +1,108 @@
+"""How the rollout steps one group of environments: in its own thread, as the policy computes.
+
+The trainer starts a group's env step as soon as the group's actions are on the host and collects it only
+when the group's next observations are needed, so with two or more groups the env of one group steps while
+the policy of the next computes, and a step costs the larger of the two rather than their sum. An env that
+steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator threads, gymnasium's async subprocesses)
+is sent its actions at once from the trainer's thread; gymnasium's sync copies are stepped by a worker
+thread of the group's own, which the emulators and simulators let run beside the policy while they hold no
+interpreter lock. The numpy envs of envs.py step in the trainer's thread (`VecEnv.steps_beside_the_policy`
+says why).
+
+Both sides are timed: `busy` is the env's own time, measured where it runs (from sending the actions to the
+results being ready, or the worker's step from its start to its end), and `wait` the trainer thread's time
+spent on the env (starting its steps and waiting for them). busy - wait is the env time the overlap hid.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from reference_trainer.envs import VecEnv
+
+Arrivals = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class InlineStepper:
+    """Steps the env in the trainer's thread when its results are collected: the schedule of one group,
+    where nothing could run beside the step, and the sequential schedule the overlapped one must equal."""
+
+    def __init__(self, env: VecEnv):
+        self.env = env
+        self.busy = self.wait = 0.0
+        self._actions: np.ndarray | None = None
+
+    def start(self, actions: np.ndarray) -> None:
+        self._actions = actions
+
+    def finish(self) -> Arrivals:
+        began = time.perf_counter()
+        arrivals = self.env.step(self._actions)
+        seconds = time.perf_counter() - began
+        self.busy += seconds
+        self.wait += seconds
+        return arrivals
+
+    def take_times(self) -> tuple[float, float]:
+        """The env's busy and waited seconds since the last call."""
+        times = self.busy, self.wait
+        self.busy = self.wait = 0.0
+        return times
+
+    def close(self) -> None:
+        """Holds no thread."""
+
+
+class OverlappedStepper(InlineStepper):
+    """Starts the env's step at once and collects it later. One worker thread per group completes the step:
+    it waits for an env that steps on its own (which it timestamps when ready), or steps any other env itself.
+    `actions` must stay unchanged until `finish` returns."""
+
+    def __init__(self, env: VecEnv):
+        super().__init__(env)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
+        self._pending: Future | None = None
+
+    def start(self, actions: np.ndarray) -> None:
+        began = time.perf_counter()
+        if self.env.steps_on_its_own:
+            self.env.send(actions)
+            self._pending = self._worker.submit(self._receive, began)
+        else:
+            self._pending = self._worker.submit(self._step, actions)
+        self.wait += time.perf_counter() - began
+
+    def _receive(self, sent: float) -> Arrivals:
+        arrivals = self.env.recv()
+        self.busy += time.perf_counter() - sent
+        return arrivals
+
+    def _step(self, actions: np.ndarray) -> Arrivals:
+        began = time.perf_counter()
+        arrivals = self.env.step(actions)
+        self.busy += time.perf_counter() - began
+        return arrivals
+
+    def finish(self) -> Arrivals:
+        began = time.perf_counter()
+        # busy was added by the worker before the future completed, so reading it after result() is safe
+        arrivals = self._pending.result()
+        self._pending = None
+        self.wait += time.perf_counter() - began
+        return arrivals
+
+    def close(self) -> None:
+        if self._pending is not None:  # a run that failed mid-step: let the env finish before it is closed
+            self._pending.exception()
+        self._worker.shutdown()
+
+
+def env_stepper(env: VecEnv, overlapped: bool) -> InlineStepper:
+    """The stepper of one group: overlapped when there are other groups for its step to run beside and the
+    env can run beside them."""
+    if overlapped and (env.steps_on_its_own or env.steps_beside_the_policy):
+        return OverlappedStepper(env)
+    return InlineStepper(env)

@@ -1,0 +1,253 @@
+"""With two or more env groups, a group's env step runs beside the next group's policy step (stepping.py):
+the schedule changes, the training does not, and the summary says how much env time the overlap hid."""
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import reference_trainer.train as train_module
+from reference_trainer.config import TrainConfig, validate
+from reference_trainer.envs import GymVecEnv
+from reference_trainer.stepping import InlineStepper, OverlappedStepper
+from reference_trainer.train import train
+
+SMALL = dict(num_envs=8, horizon=8, minibatch_size=32, hidden_size=16, total_steps=8 * 8 * 4, threads=1,
+             device="cpu")
+
+
+def small(**overrides) -> TrainConfig:
+    return validate(TrainConfig(**{**SMALL, **overrides}))
+
+
+def per_epoch(summary: dict) -> list:
+    return [(e["losses"], e["episodes"], e["mean_episode_return"]) for e in summary["epochs"]]
+
+
+def sequential(monkeypatch) -> None:
+    """Every group stepped in the trainer's thread when collected: the schedule before overlap."""
+    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: InlineStepper(env))
+
+
+def overlapped_always(monkeypatch) -> None:
+    """Every group stepped by its worker thread, even an env that gains nothing from it."""
+    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: OverlappedStepper(env))
+
+
+def record_stepping_threads(monkeypatch) -> set[str]:
+    """The names of the threads the envs' steps ran in, filled as the run steps."""
+    names: set[str] = set()
+    make_env = train_module.make_env
+
+    def recording(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        step = env.step
+
+        def recorded_step(actions):
+            names.add(threading.current_thread().name.split("_")[0])
+            return step(actions)
+
+        env.step = recorded_step
+        return env
+
+    monkeypatch.setattr(train_module, "make_env", recording)
+    return names
+
+
+@pytest.mark.parametrize("env", ["memory", "cartpole", "catch"])
+def test_numpy_envs_step_in_the_trainers_thread_and_would_train_alike_in_workers(monkeypatch, env):
+    extra = dict(encoder="cnn", cnn_channels=4) if env == "catch" else {}
+    inline_threads = record_stepping_threads(monkeypatch)
+    inline = train(small(env=env, env_groups=2, **extra))
+    assert inline_threads == {"MainThread"}
+
+    overlapped_always(monkeypatch)
+    worker_threads = record_stepping_threads(monkeypatch)
+    overlapped = train(small(env=env, env_groups=2, **extra))
+    assert worker_threads == {"env-group"}
+    assert overlapped["episodes"] == inline["episodes"] > 0
+    assert per_epoch(overlapped) == per_epoch(inline)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_gym_cartpole_copies_train_alike_in_one_group_or_two_overlapped(vectorization):
+    # gymnasium seeds copy i with seed + i, and a group's copies start at its first env's index, so the copies
+    # are the same however they are grouped; async ones are sent their actions and waited for in the worker
+    assert GymVecEnv("CartPole-v1", 2, seed=0, vectorization=vectorization).steps_on_its_own == (vectorization == "async")
+    one = train(small(env="gym:CartPole-v1", vectorization=vectorization))
+    two = train(small(env="gym:CartPole-v1", vectorization=vectorization, env_groups=2))
+    assert two["episodes"] == one["episodes"] > 0
+    for got, expected in zip(per_epoch(two), per_epoch(one)):
+        assert got[1:] == expected[1:]
+        assert got[0] == pytest.approx(expected[0], rel=1e-5, abs=1e-7)
+
+
+def test_breakout_native_envs_train_alike_in_one_group_or_two_overlapped():
+    pytest.importorskip("ale_py")
+    cfg = dict(env="gym:ale_py:ALE/Breakout-v5", encoder="cnn", cnn_channels=4, num_envs=4, horizon=4,
+               minibatch_size=8, total_steps=4 * 4 * 3, env_threads=1)
+    assert GymVecEnv("ale_py:ALE/Breakout-v5", 2, seed=0, threads=1).steps_on_its_own
+    one = train(small(**cfg))
+    two = train(small(**cfg, env_groups=2))
+    for got, expected in zip(per_epoch(two), per_epoch(one)):
+        assert got[1:] == expected[1:]
+        # the policy steps the CNN over batches of two frames instead of four: rounding differs in the last bits
+        assert got[0] == pytest.approx(expected[0], rel=1e-5, abs=1e-6)
+
+
+def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatch):
+    """Group 0's k-th env step does not end until group 1's k-th policy step has begun: only a schedule that
+    overlaps them finishes without the gates timing out."""
+    launches: dict[int, int] = {}
+    gates: dict[tuple[int, int], threading.Event] = {}
+    timed_out = []
+    launch_step, make_env = train_module.Trainer.launch_step, train_module.make_env
+
+    def gate(group, k):
+        return gates.setdefault((group, k), threading.Event())
+
+    def witnessed_launch(self, group, t):
+        launches[group] = launches.get(group, 0) + 1
+        gate(group, launches[group]).set()
+        launch_step(self, group, t)
+
+    steps_taken: dict[int, int] = {}
+
+    def gated(cfg, num_envs, env_offset=0, device=None):
+        env = make_env(cfg, num_envs, env_offset, device)
+        step = env.step
+
+        def gated_step(actions):
+            k = steps_taken[env_offset] = steps_taken.get(env_offset, 0) + 1
+            if env_offset == 0 and not gate(1, k).wait(timeout=10):
+                timed_out.append(k)
+            return step(actions)
+
+        env.step = gated_step
+        return env
+
+    monkeypatch.setattr(train_module.Trainer, "launch_step", witnessed_launch)
+    monkeypatch.setattr(train_module, "make_env", gated)
+    overlapped_always(monkeypatch)
+    train(small(env="memory", env_groups=2, total_steps=8 * 8 * 2))
+    assert steps_taken == {0: 2 * 8, 4: 2 * 8} and not timed_out
+
+
+def test_the_summary_says_how_much_env_time_the_overlap_hid(monkeypatch):
+    """An env step of 20 ms beside a policy step of 30 ms (both sleeping, so neither holds the interpreter):
+    overlapped, the trainer waits for little of the env's time; in sequence, for all of it."""
+    make_env, launch_step = train_module.make_env, train_module.Trainer.launch_step
+
+    def slow_env(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        step = env.step
+        env.step = lambda actions: (time.sleep(0.02), step(actions))[1]
+        return env
+
+    def slow_policy(self, group, t):
+        launch_step(self, group, t)
+        time.sleep(0.03)
+
+    monkeypatch.setattr(train_module, "make_env", slow_env)
+    monkeypatch.setattr(train_module.Trainer, "launch_step", slow_policy)
+    overlapped_always(monkeypatch)
+    cfg = small(env="memory", env_groups=2, num_envs=4, horizon=4, minibatch_size=8, total_steps=4 * 4 * 3)
+    steady_env_steps = 2 * 4 * 2  # two steady epochs of four steps of two groups
+
+    overlap = train(cfg)["env_overlap"]
+    assert overlap["env_busy_seconds"] >= 0.02 * steady_env_steps
+    assert overlap["policy_seconds"] >= 0.03 * steady_env_steps
+    assert overlap["env_wait_seconds"] < 0.3 * overlap["env_busy_seconds"]
+
+    sequential(monkeypatch)
+    inline = train(cfg)["env_overlap"]
+    assert inline["env_wait_seconds"] == inline["env_busy_seconds"] >= 0.02 * steady_env_steps
+
+
+def test_an_env_stepped_on_the_device_has_no_overlap_to_report():
+    summary = train(small(env="synthetic-device", env_groups=2))
+    assert summary["env_overlap"] is None
+    assert all(e["env_busy_seconds"] is None for e in summary["epochs"])
+
+
+def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tmp_path):
+    from decisions.rundata import load
+    from reports.render import env_overlap_section, which_side_waits
+    from rlperf.machine import machine_key
+    from rlperf.store import PointRecord, Store, utc_now
+
+    measured = train(small(env="gym:CartPole-v1", env_groups=2))
+    older = {key: value for key, value in measured.items() if key != "env_overlap"}
+    print_ = {"git": {"commit": "0" * 16, "dirty": False}, "cpu": {"model": "Test CPU"}, "gpus": [], "suite_hash": "h"}
+    path = tmp_path / "results.sqlite"
+    with Store.open(path) as db:
+        run_id = db.create_run("overlap", "h", print_, machine_key(print_), None)
+        for values, summary in (({"env_groups": 2}, measured), ({"env_groups": 1}, older)):
+            db.record_point(run_id, PointRecord(json.dumps(values), summary["config"], "ok", utc_now(), 1.0,
+                                                samples=[(0, summary)]))
+        db.finish_run(run_id, "complete")
+    table = env_overlap_section(load(f"{path}::{run_id}")).tables[0].set_index("point")
+    assert table.loc["env_groups=2", "which side waits"].startswith("env ")
+    assert table.loc["env_groups=1", "which side waits"] == "not measured"
+    assert table.loc["env_groups=1", "env (µs/step)"] == "not measured"
+
+    # the side named is the larger one, and a single group says nothing was hidden
+    assert which_side_waits(72.0, 43.2, 30.0, 100.0, 2) == (
+        "env 72% of the step, 40% of it hidden behind the policy, policy 30%: the env side limits the rollout, "
+        "more cores or env threads would speed it")
+    assert "policy side limits" in which_side_waits(20.0, 1.0, 60.0, 100.0, 2)
+    assert which_side_waits(20.0, 20.0, 60.0, 100.0, 1) == (
+        "env 20% of the step, none of it hidden (one env group), policy 60%: the policy side limits the rollout, a "
+        "faster device would speed it; --env-groups 2 would overlap the two")
+
+
+def test_the_order_for_launches_that_queue_up_trains_alike(monkeypatch):
+    """With non_blocking copies (CUDA) launch_step returns before its actions are ready and the rollout
+    launches a group before waiting for the next one's actions. On a CPU the policy step is done when
+    launch_step returns, so that order can run here: it must train as the default order does."""
+    calls = []
+    init, launch_step, start_env_step = (train_module.Trainer.__init__, train_module.Trainer.launch_step,
+                                         train_module.Trainer.start_env_step)
+
+    def queuing_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.launches_queue_up = True
+
+    def recorded_launch(self, group, t):
+        calls.append(("launch", group, t))
+        launch_step(self, group, t)
+
+    def recorded_start(self, group, t):
+        calls.append(("start", group, t))
+        start_env_step(self, group, t)
+
+    default = train(small(env="gym:CartPole-v1", env_groups=2))
+    monkeypatch.setattr(train_module.Trainer, "__init__", queuing_init)
+    monkeypatch.setattr(train_module.Trainer, "launch_step", recorded_launch)
+    monkeypatch.setattr(train_module.Trainer, "start_env_step", recorded_start)
+    queued = train(small(env="gym:CartPole-v1", env_groups=2))
+    # both groups are launched before the first wait, and each later launch comes before the other group's start
+    assert calls[:6] == [("launch", 0, 0), ("launch", 1, 0), ("start", 0, 0), ("launch", 0, 1), ("start", 1, 0),
+                         ("launch", 1, 1)]
+    assert sum(call[0] == "start" for call in calls) == sum(call[0] == "launch" for call in calls)
+    assert per_epoch(queued) == per_epoch(default)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("knobs", [{}, dict(pinned=True, non_blocking=True, copy_stream=True)])
+def test_on_cuda_overlapped_gym_copies_train_as_one_group_does(knobs):
+    """The two orders on CUDA: with blocking action copies each env step starts after its own group's
+    actions; with non_blocking ones, after the next group is launched. Every copy is held back on its stream
+    (train's copy_delay_cycles), so an env stepped on actions not yet copied, or observations refilled while
+    a copy still reads them, changes the losses."""
+    cfg = dict(env="gym:CartPole-v1", device="cuda", num_envs=64, horizon=8, minibatch_size=128, hidden_size=32,
+               total_steps=64 * 8 * 4, **knobs)
+    one = train(validate(TrainConfig(**cfg)))
+    two = train(validate(TrainConfig(**cfg, env_groups=2)), copy_delay_cycles=2_000_000)
+    assert two["env_overlap"]["env_busy_seconds"] > 0 and two["episodes"] == one["episodes"] > 0
+    for got, expected in zip(per_epoch(two), per_epoch(one)):
+        assert got[1:] == expected[1:]
+        assert got[0] == pytest.approx(expected[0], rel=1e-4, abs=1e-6)
