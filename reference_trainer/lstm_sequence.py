@@ -98,28 +98,46 @@ def lstm_sequence(x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, starts: t
     return h
 
 
+def lstm_step(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor, cell: torch.nn.LSTMCell,
+              workspaces: Workspaces) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout's one step of `cell` over features `[B, I]` from states `[B, H]` zeroed where `start [B]`
+    is 1, by the sequence's own arithmetic (a sequence of one step); returns the new h and c. No gradient."""
+    workspace = workspaces.lend(1, x.shape[0], cell.hidden_size, x)
+    run_steps(workspace, x.unsqueeze(0), h, c, start.unsqueeze(0), cell.weight_ih, cell.weight_hh, cell.bias_ih,
+              cell.bias_hh)
+    h, c = workspace.h[0].clone(), workspace.c[0].clone()
+    workspaces.give_back(workspace)
+    return h, c
+
+
+def run_steps(ws: Workspace, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, starts: torch.Tensor,
+              weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias_ih: torch.Tensor, bias_hh: torch.Tensor) -> None:
+    """The forward over all steps, into `ws`: what the backward reads, and h."""
+    torch.mul(starts.unsqueeze(-1), -1.0, out=ws.keep).add_(1.0)
+    torch.addmm(bias_ih + bias_hh, x.flatten(0, 1), weight_ih.t(), out=ws.gates.view(-1, ws.gates.shape[-1]))
+    recurrent = weight_hh.t()
+    h, c = h0, c0
+    for t in range(x.shape[0]):
+        keep, h_in, c_in, c_new = ws.keep_t[t], ws.h_in_t[t], ws.c_in_t[t], ws.c_t[t]
+        torch.mul(h, keep, out=h_in)
+        torch.mul(c, keep, out=c_in)
+        ws.gates_t[t].addmm_(h_in, recurrent)
+        ws.if_t[t].sigmoid_()
+        ws.g_t[t].tanh_()
+        ws.o_t[t].sigmoid_()
+        torch.mul(ws.f_t[t], c_in, out=c_new)
+        c_new.addcmul_(ws.i_t[t], ws.g_t[t])
+        torch.tanh(c_new, out=ws.tanh_c_t[t])
+        h = torch.mul(ws.o_t[t], ws.tanh_c_t[t], out=ws.h_t[t])
+        c = c_new
+
+
 class ExactResetLSTM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ws: Workspace, workspaces: Workspaces | None, x: torch.Tensor, h0: torch.Tensor,
                 c0: torch.Tensor, starts: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
                 bias_ih: torch.Tensor, bias_hh: torch.Tensor) -> torch.Tensor:
-        torch.mul(starts.unsqueeze(-1), -1.0, out=ws.keep).add_(1.0)
-        torch.addmm(bias_ih + bias_hh, x.flatten(0, 1), weight_ih.t(), out=ws.gates.view(-1, ws.gates.shape[-1]))
-        recurrent = weight_hh.t()
-        h, c = h0, c0
-        for t in range(x.shape[0]):
-            keep, h_in, c_in, c_new = ws.keep_t[t], ws.h_in_t[t], ws.c_in_t[t], ws.c_t[t]
-            torch.mul(h, keep, out=h_in)
-            torch.mul(c, keep, out=c_in)
-            ws.gates_t[t].addmm_(h_in, recurrent)
-            ws.if_t[t].sigmoid_()
-            ws.g_t[t].tanh_()
-            ws.o_t[t].sigmoid_()
-            torch.mul(ws.f_t[t], c_in, out=c_new)
-            c_new.addcmul_(ws.i_t[t], ws.g_t[t])
-            torch.tanh(c_new, out=ws.tanh_c_t[t])
-            h = torch.mul(ws.o_t[t], ws.tanh_c_t[t], out=ws.h_t[t])
-            c = c_new
+        run_steps(ws, x, h0, c0, starts, weight_ih, weight_hh, bias_ih, bias_hh)
         if workspaces is not None:
             ctx.save_for_backward(x, weight_ih, weight_hh)
             ctx.ws, ctx.lease, ctx.workspaces = ws, ws.leases, workspaces

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from reference_trainer.config import CNN_LAYERS, cnn_feature_map, cnn_refusal, image_layout
-from reference_trainer.lstm_sequence import Workspaces, lstm_sequence
+from reference_trainer.lstm_sequence import Workspaces, lstm_sequence, lstm_step
 
 # nn.LSTMCell's weights, in the order nn.LSTM keeps them (its names add the layer, `_l0`)
 LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
@@ -130,12 +130,15 @@ class Policy(nn.Module):
     def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor):
         """One rollout step. `start` is 1.0 where `obs` begins a new episode (the state is zeroed there)."""
         x = self.encode(obs)
-        if self.use_lstm:
-            keep = (1.0 - start).unsqueeze(-1)
-            h, c = self.recur(x, h * keep, c * keep)
-            x = h
-        else:
+        if not self.use_lstm:
             x = self.core(x)
+        else:
+            if self.written_out_lstm(x, h, c) and not torch.is_grad_enabled():  # it has no backward of its own
+                h, c = lstm_step(x, h, c, start, self.cell, self.sequence_workspaces)
+            else:
+                keep = (1.0 - start).unsqueeze(-1)
+                h, c = self.recur(x, h * keep, c * keep)
+            x = h
         return self.actor(x), self.critic(x).squeeze(-1), h, c
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, starts: torch.Tensor):
@@ -161,10 +164,15 @@ class Policy(nn.Module):
         (the suites' setting), the padding adding half the rows."""
         if x.is_cuda and not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
             return self.pieced_sequence(x, h, c, starts)
-        if (x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-                and x.dtype == h.dtype == c.dtype == self.cell.weight_hh.dtype):
+        if self.written_out_lstm(x, h, c):
             return lstm_sequence(x, h, c, starts, self.cell, self.sequence_workspaces)
         return self.stepped_sequence(x, h, c, starts)
+
+    def written_out_lstm(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> bool:
+        """Whether the LSTM runs as reference_trainer/lstm_sequence.py writes it out: on a CPU, eager, in the
+        weights' dtype (not under autocast)."""
+        return (x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+                and x.dtype == h.dtype == c.dtype == self.cell.weight_hh.dtype)
 
     def stepped_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                          starts: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,24 @@ def test_the_cpu_sequence_gives_the_cell_loops_outputs_and_gradients(kind):
         assert not sequence[2].any() and not sequence[3].any()
 
 
+def test_the_rollout_step_is_the_cells_step_with_the_sequences_arithmetic():
+    torch.manual_seed(5)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    obs, h, c = torch.randn(B, OBS), 3 * torch.randn(B, HIDDEN), 3 * torch.randn(B, HIDDEN)
+    start = (torch.arange(B) % 3 == 0).float()
+    with torch.no_grad():
+        logits, value, h_new, c_new = policy.step(obs, h, c, start)
+        keep = (1.0 - start).unsqueeze(-1)
+        h_cell, c_cell = policy.cell(policy.encode(obs), (h * keep, c * keep))
+    assert (1, B, HIDDEN, torch.float32, torch.device("cpu")) in policy.sequence_workspaces.free
+    torch.testing.assert_close(h_new, h_cell, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c_new, c_cell, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, policy.actor(h_cell), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # a start zeroes the state exactly: what was carried in does not count
+        restarted = policy.step(obs, -h, 2 * c, torch.ones(B))
+        assert torch.equal(restarted[2], policy.step(obs, h, c, torch.ones(B))[2])
+
+
 def test_no_state_crosses_a_start():
     # Everything before a start changed (the carried state, a large one, and the earlier inputs): the outputs
     # from the start on must not move by a single bit, nor any gradient reach what came before.
