@@ -154,14 +154,14 @@ class Policy(nn.Module):
         On a GPU, cuDNN's fused kernel over the reset-free pieces (`pieced_sequence`). It needs each call's
         piece lengths on the host, and neither a CUDA graph capture nor a torch.compile trace can read a device
         value: those run the same function one cell step at a time (`stepped_sequence`), whose shapes are fixed
-        and which reads nothing back. On a CPU every operator of the update is tiny at the trainer's shapes and
-        costs its dispatch: there the sequence is one autograd function with its forward and backward written
-        out (`lstm_sequence`: ten operators a step forward, six backward, every product that does not feed
-        the recurrence done once over all steps) against about 50 and 100 for stepping nn.LSTMCell under
-        autograd. It computes in the weights' dtype, so under CPU autocast (bf16) and under torch.compile the
-        cell steps. torch runs a packed sequence on a CPU as a loop of small operators, and padding the pieces
-        into one oneDNN call computed the update's model work at 0.74x the cell loop's speed on one thread
-        (the suites' setting), the padding adding half the rows."""
+        and which reads nothing back. On a CPU every operator of the update is small at the trainer's shapes,
+        so each one's fixed cost counts: there the sequence is one autograd function with its forward and
+        backward written out (`lstm_sequence`: ten operators a step forward, six backward, every product that
+        does not feed the recurrence done once over all steps) against about 54 and 115 for stepping
+        nn.LSTMCell under autograd. It computes in the weights' dtype, so under CPU autocast (bf16) and under
+        torch.compile the cell steps. torch runs a packed sequence on a CPU as a loop of small operators, and
+        padding the pieces into one oneDNN call computed the update's model work at 0.74x the cell loop's speed
+        on one thread (the suites' setting), the padding adding half the rows."""
         if x.is_cuda and not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
             return self.pieced_sequence(x, h, c, starts)
         if self.written_out_lstm(x, h, c):
