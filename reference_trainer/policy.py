@@ -2,9 +2,10 @@
 
 The rollout steps the recurrent cell once per environment step; training runs whole sequences through
 the same weights, with the state zeroed exactly where an episode started, so both see the same function.
-Training cuts each sequence at its episode starts into pieces that cross no start, and runs all pieces
-through nn.LSTM's fused kernel (cuDNN on a GPU, oneDNN on a CPU) in one call, each from its true initial
-state: the carried state for a sequence's first piece, zeros for a piece that begins an episode.
+On a GPU, training cuts each sequence at its episode starts into pieces that cross no start, and runs all
+pieces through cuDNN's fused LSTM in one call, each from its true initial state: the carried state for a
+sequence's first piece, zeros for a piece that begins an episode. On a CPU it runs the sequence as one
+autograd function whose forward and backward are written out step by step (reference_trainer/lstm_sequence.py).
 uint8 observations (pixels) arrive on the device as bytes and are scaled to [0, 1] here.
 """
 
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from reference_trainer.config import CNN_LAYERS, cnn_feature_map, cnn_refusal, image_layout
+from reference_trainer.lstm_sequence import Workspaces, lstm_sequence, lstm_step
 
 # nn.LSTMCell's weights, in the order nn.LSTM keeps them (its names add the layer, `_l0`)
 LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
@@ -73,6 +75,7 @@ class Policy(nn.Module):
             self.lstm = nn.LSTM(hidden_size, hidden_size, device="meta")
             for name in LSTM_WEIGHTS:
                 setattr(self.lstm, f"{name}_l0", getattr(self.cell, name))
+            self.sequence_workspaces = Workspaces()
         else:
             self.core = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU())
         self.actor = nn.Linear(hidden_size, num_actions)
@@ -127,12 +130,15 @@ class Policy(nn.Module):
     def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor):
         """One rollout step. `start` is 1.0 where `obs` begins a new episode (the state is zeroed there)."""
         x = self.encode(obs)
-        if self.use_lstm:
-            keep = (1.0 - start).unsqueeze(-1)
-            h, c = self.recur(x, h * keep, c * keep)
-            x = h
-        else:
+        if not self.use_lstm:
             x = self.core(x)
+        else:
+            if self.written_out_lstm(x, h, c) and not torch.is_grad_enabled():  # it has no backward of its own
+                h, c = lstm_step(x, h, c, start, self.cell, self.sequence_workspaces)
+            else:
+                keep = (1.0 - start).unsqueeze(-1)
+                h, c = self.recur(x, h * keep, c * keep)
+            x = h
         return self.actor(x), self.critic(x).squeeze(-1), h, c
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, starts: torch.Tensor):
@@ -148,12 +154,25 @@ class Policy(nn.Module):
         On a GPU, cuDNN's fused kernel over the reset-free pieces (`pieced_sequence`). It needs each call's
         piece lengths on the host, and neither a CUDA graph capture nor a torch.compile trace can read a device
         value: those run the same function one cell step at a time (`stepped_sequence`), whose shapes are fixed
-        and which reads nothing back. On a CPU the cell steps too: torch runs a packed sequence there as a loop
-        of small operators, and padding the pieces into one oneDNN call computed the update's model work at
-        0.74x the cell loop's speed on one thread (the suites' setting), the padding adding half the rows."""
+        and which reads nothing back. On a CPU every operator of the update is small at the trainer's shapes,
+        so each one's fixed cost counts: there the sequence is one autograd function with its forward and
+        backward written out (`lstm_sequence`: ten operators a step forward, six backward, every product that
+        does not feed the recurrence done once over all steps) against about 54 and 115 for stepping
+        nn.LSTMCell under autograd. It computes in the weights' dtype, so under CPU autocast (bf16) and under
+        torch.compile the cell steps. torch runs a packed sequence on a CPU as a loop of small operators, and
+        padding the pieces into one oneDNN call computed the update's model work at 0.74x the cell loop's speed
+        on one thread (the suites' setting), the padding adding half the rows."""
         if x.is_cuda and not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
             return self.pieced_sequence(x, h, c, starts)
+        if self.written_out_lstm(x, h, c):
+            return lstm_sequence(x, h, c, starts, self.cell, self.sequence_workspaces)
         return self.stepped_sequence(x, h, c, starts)
+
+    def written_out_lstm(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> bool:
+        """Whether the LSTM runs as reference_trainer/lstm_sequence.py writes it out: on a CPU, eager, in the
+        weights' dtype (not under autocast)."""
+        return (x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+                and x.dtype == h.dtype == c.dtype == self.cell.weight_hh.dtype)
 
     def stepped_sequence(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                          starts: torch.Tensor) -> torch.Tensor:

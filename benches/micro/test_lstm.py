@@ -1,7 +1,8 @@
 """The LSTM two ways: one LSTMCell step per time step (how a rollout runs it) against one fused nn.LSTM call
 over the whole sequence, with shared weights so both compute the same thing; and training's sequences with
 episode starts inside them, forward and backward, through the policy's cell loop (what a CUDA graph or
-torch.compile holds) and through its fused pieces (what eager training runs)."""
+torch.compile holds), through its fused pieces (what eager training runs on a GPU) and through whatever the
+policy runs eagerly on the device (the written-out sequence LSTM on a CPU)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def forward_backward(sequence, x, h0, c0, starts):
     return hidden.detach()
 
 
-@pytest.mark.parametrize("formulation", ["stepped_sequence", "pieced_sequence"])
+@pytest.mark.parametrize("formulation", ["stepped_sequence", "pieced_sequence", "recurrent_sequence"])
 @pytest.mark.parametrize("batch", [128, 512])
 def test_lstm_training_sequences_with_starts(timed, device, batch, formulation):
     policy, x, h0, c0, starts = training_sequences(device, batch)

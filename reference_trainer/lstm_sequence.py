@@ -1,0 +1,193 @@
+"""The LSTM over whole sequences with the state zeroed exactly at episode starts, as one autograd function
+whose forward and backward are written out by hand, for the CPU.
+
+On a CPU at the trainer's shapes (128 sequences of 128 units a minibatch) every operator is small, so each
+one's fixed cost counts. Stepping nn.LSTMCell costs about 54 operators a step forward and 115 in autograd's
+backward; here a step costs ten forward (the recurrent product, the gates' activations, the state update)
+and six backward (the gates' gradients, one product through the recurrent weights), and every product that
+does not feed the recurrence (the input projection, the weight gradients, the input gradient) is one matrix
+product over all steps. The buffers of one sequence shape, and each step's views into them, are made once
+and reused (`Workspaces`), so a step dispatches its arithmetic and nothing else.
+
+The function is the cell loop's: at step t the carried state is multiplied by keep = 1 - starts[t], as the
+rollout's step does, and the gates are nn.LSTMCell's (i, f, g, o, in its weights' row order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Workspace:
+    """The buffers of one sequence shape `[T, B]` x `H` units, and each step's views into them.
+
+    The gates are kept as one `[B, 4H]` product a step, so the recurrent product is one matrix product. A gate's
+    block is then a column slice, which an elementwise operator walks row by row (several times slower than a
+    contiguous block at these sizes); kept gate by gate (`[4, T, B, H]`) the products become batched ones, which
+    torch runs on a CPU as four small products each, and that measured slower still."""
+
+    def __init__(self, T: int, B: int, H: int, like: torch.Tensor):
+        self.shape = (T, B, H)
+        self.lent, self.leases = False, 0
+        self.keep = like.new_empty(T, B, 1)
+        # the input projection, then the recurrent product added, then the activations i, f, g, o in place
+        self.gates = like.new_empty(T, B, 4 * H)
+        self.h_in = like.new_empty(T, B, H)  # step t's carried h, masked
+        self.c_in = like.new_empty(T, B, H)  # step t's carried c, masked
+        self.c = like.new_empty(T, B, H)
+        self.tanh_c = like.new_empty(T, B, H)
+        self.h = like.new_empty(T, B, H)
+        # backward: the gates' local derivatives, then (in place, step by step) the gradients of their inputs
+        self.grad_gates = like.new_empty(T, B, 4 * H)
+        self.grad_h = like.new_empty(T, B, H)  # the outputs' gradients, then the carried h's added
+        self.dc_dh = like.new_empty(T, B, H)  # d c_t / d h_t through h = o tanh(c): o (1 - tanh(c)^2)
+        self.forget = like.new_empty(T, B, H)  # d c_t / d c_(t-1): f, zero where the state was reset
+        self.grad_c = like.new_empty(B, H)
+        self.grad_h_in = like.new_empty(B, H)
+
+        def steps(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tensor.unbind(0)
+
+        gates = self.gates.view(T, B, 4, H)
+        grad_gates = self.grad_gates.view(T, B, 4, H)
+        self.keep_t = steps(self.keep)
+        self.gates_t, self.grad_gates_t = steps(self.gates), steps(self.grad_gates)
+        self.i_t, self.f_t, self.g_t, self.o_t = (steps(gates[:, :, k]) for k in range(4))
+        self.if_t = steps(self.gates[..., :2 * H])
+        self.h_in_t, self.c_in_t = steps(self.h_in), steps(self.c_in)
+        self.c_t, self.tanh_c_t, self.h_t = steps(self.c), steps(self.tanh_c), steps(self.h)
+        self.grad_ifg_t = steps(grad_gates[:, :, :3])  # [B, 3, H]: each times dc
+        self.grad_o_t = steps(grad_gates[:, :, 3])  # times dh
+        self.grad_h_t, self.dc_dh_t, self.forget_t = steps(self.grad_h), steps(self.dc_dh), steps(self.forget)
+        self.grad_c_3 = self.grad_c.view(B, 1, H)
+        # the four gate blocks over all steps, for the derivatives computed once a sequence
+        self.i, self.f, self.g, self.o = (gates[:, :, k] for k in range(4))
+        self.local_i, self.local_f, self.local_g, self.local_o = (grad_gates[:, :, k] for k in range(4))
+
+
+class Workspaces:
+    """Workspaces lent one per sequence call: one is lent again only after the backward that needed it has run
+    (or at once when no backward will), so a call never overwrites what another's backward still reads. The
+    trainer's update calls, then differentiates, then calls again: it reuses one workspace for good. A second
+    backward over one call (retain_graph) reads the same buffers, which the backward leaves as the forward
+    wrote them, unless a later call was lent them meanwhile: then it refuses."""
+
+    def __init__(self):
+        self.free: dict[tuple, list[Workspace]] = {}
+
+    def lend(self, T: int, B: int, H: int, like: torch.Tensor) -> Workspace:
+        free = self.free.get((T, B, H, like.dtype, like.device))
+        workspace = free.pop() if free else Workspace(T, B, H, like)
+        workspace.lent = True
+        workspace.leases += 1
+        return workspace
+
+    def give_back(self, workspace: Workspace) -> None:
+        if workspace.lent:
+            workspace.lent = False
+            key = (*workspace.shape, workspace.gates.dtype, workspace.gates.device)
+            self.free.setdefault(key, []).append(workspace)
+
+
+def lstm_sequence(x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, starts: torch.Tensor, cell: torch.nn.LSTMCell,
+                  workspaces: Workspaces) -> torch.Tensor:
+    """nn.LSTMCell `cell` over features `[T, B, I]` from states `[B, H]`, the state zeroed where `starts [T, B]`
+    is 1; returns h `[T, B, H]`. Inputs and weights of one dtype, autocast off."""
+    T, B, _ = x.shape
+    weights = (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+    workspace = workspaces.lend(T, B, cell.hidden_size, x)
+    differentiated = torch.is_grad_enabled() and any(t.requires_grad for t in (x, h0, c0, *weights))
+    h = ExactResetLSTM.apply(workspace, workspaces if differentiated else None, x, h0, c0, starts, *weights)
+    if not differentiated:
+        workspaces.give_back(workspace)
+    return h
+
+
+def lstm_step(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor, cell: torch.nn.LSTMCell,
+              workspaces: Workspaces) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout's one step of `cell` over features `[B, I]` from states `[B, H]` zeroed where `start [B]`
+    is 1, by the sequence's own arithmetic (a sequence of one step); returns the new h and c. No gradient."""
+    workspace = workspaces.lend(1, x.shape[0], cell.hidden_size, x)
+    run_steps(workspace, x.unsqueeze(0), h, c, start.unsqueeze(0), cell.weight_ih, cell.weight_hh, cell.bias_ih,
+              cell.bias_hh)
+    h, c = workspace.h[0].clone(), workspace.c[0].clone()
+    workspaces.give_back(workspace)
+    return h, c
+
+
+def run_steps(ws: Workspace, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, starts: torch.Tensor,
+              weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias_ih: torch.Tensor, bias_hh: torch.Tensor) -> None:
+    """The forward over all steps, into `ws`: what the backward reads, and h."""
+    torch.mul(starts.unsqueeze(-1), -1.0, out=ws.keep).add_(1.0)
+    torch.addmm(bias_ih + bias_hh, x.flatten(0, 1), weight_ih.t(), out=ws.gates.view(-1, ws.gates.shape[-1]))
+    recurrent = weight_hh.t()
+    h, c = h0, c0
+    for t in range(x.shape[0]):
+        keep, h_in, c_in, c_new = ws.keep_t[t], ws.h_in_t[t], ws.c_in_t[t], ws.c_t[t]
+        torch.mul(h, keep, out=h_in)
+        torch.mul(c, keep, out=c_in)
+        ws.gates_t[t].addmm_(h_in, recurrent)
+        ws.if_t[t].sigmoid_()
+        ws.g_t[t].tanh_()
+        ws.o_t[t].sigmoid_()
+        torch.mul(ws.f_t[t], c_in, out=c_new)
+        c_new.addcmul_(ws.i_t[t], ws.g_t[t])
+        torch.tanh(c_new, out=ws.tanh_c_t[t])
+        h = torch.mul(ws.o_t[t], ws.tanh_c_t[t], out=ws.h_t[t])
+        c = c_new
+
+
+class ExactResetLSTM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ws: Workspace, workspaces: Workspaces | None, x: torch.Tensor, h0: torch.Tensor,
+                c0: torch.Tensor, starts: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
+                bias_ih: torch.Tensor, bias_hh: torch.Tensor) -> torch.Tensor:
+        run_steps(ws, x, h0, c0, starts, weight_ih, weight_hh, bias_ih, bias_hh)
+        if workspaces is not None:
+            ctx.save_for_backward(x, weight_ih, weight_hh)
+            ctx.ws, ctx.lease, ctx.workspaces = ws, ws.leases, workspaces
+        return ws.h.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        ws, workspaces = ctx.ws, ctx.workspaces
+        if ws.leases != ctx.lease:
+            raise RuntimeError("backward through an exact-reset LSTM call whose buffers a later call has reused: "
+                               "differentiate a call again only before the next call")
+        x, weight_ih, weight_hh = ctx.saved_tensors
+        T, B, H = ws.shape
+        # Each gate's local derivative times the factor its gradient has besides dc or dh, for all steps at once:
+        # di = dc g i(1-i), df = dc c_in f(1-f), dg = dc i (1-g^2), do = dh tanh(c) o(1-o).
+        torch.addcmul(ws.gates, ws.gates, ws.gates, value=-1.0, out=ws.grad_gates)  # s(1-s) for i, f, o
+        ws.local_i.mul_(ws.g)
+        ws.local_f.mul_(ws.c_in)
+        torch.mul(ws.i, ws.g, out=ws.local_g)
+        torch.addcmul(ws.i, ws.local_g, ws.g, value=-1.0, out=ws.local_g)
+        ws.local_o.mul_(ws.tanh_c)
+        torch.mul(ws.o, ws.tanh_c, out=ws.dc_dh)
+        torch.addcmul(ws.o, ws.dc_dh, ws.tanh_c, value=-1.0, out=ws.dc_dh)
+        torch.mul(ws.f, ws.keep, out=ws.forget)
+        ws.grad_h.copy_(grad_out)
+        ws.grad_c.zero_()
+        grad_h0 = None
+        for t in range(T - 1, -1, -1):
+            grad_h = ws.grad_h_t[t]
+            ws.grad_c.addcmul_(grad_h, ws.dc_dh_t[t])
+            ws.grad_o_t[t].mul_(grad_h)
+            ws.grad_ifg_t[t].mul_(ws.grad_c_3)
+            ws.grad_c.mul_(ws.forget_t[t])
+            torch.mm(ws.grad_gates_t[t], weight_hh, out=ws.grad_h_in)
+            if t:
+                ws.grad_h_t[t - 1].addcmul_(ws.grad_h_in, ws.keep_t[t])
+            else:
+                grad_h0 = ws.grad_h_in * ws.keep_t[0]
+        grad_c0 = ws.grad_c.clone()
+        grad_gates = ws.grad_gates.view(T * B, 4 * H)
+        needs = ctx.needs_input_grad
+        grad_x = torch.mm(grad_gates, weight_ih).view(x.shape) if needs[2] else None
+        grad_weight_ih = torch.mm(grad_gates.t(), x.flatten(0, 1)) if needs[6] else None
+        grad_weight_hh = torch.mm(grad_gates.t(), ws.h_in.view(T * B, H)) if needs[7] else None
+        grad_bias = grad_gates.sum(0) if needs[8] or needs[9] else None
+        workspaces.give_back(ws)
+        return None, None, grad_x, grad_h0, grad_c0, None, grad_weight_ih, grad_weight_hh, grad_bias, grad_bias
