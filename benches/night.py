@@ -21,8 +21,8 @@ from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
-# night within an hour): 3 screen pairs a point, 2 more for the 4 leaders, then 1,250 s to confirm caught a lone
-# 10% slowdown on about 94% of bad nights; without the refinement and 1,600 s to confirm, 89% (the slowed point
+# night within an hour, the 4 costliest points refined included): 3 screen pairs a point, 2 more for the 4
+# leaders, then 1,200 s to confirm caught a lone 10% slowdown on about 94% of bad nights; without the refinement and 1,600 s to confirm, 89% (the slowed point
 # ranked behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes,
 # and the compiled points, a pair costing over a minute, could not reach a claim in what was left).
 SCREEN_PAIRS = 3
@@ -33,7 +33,7 @@ MIN_QUIET = 2
 # the screen weighs each point's evidence for a slowdown of this many thresholds against none
 SCREEN_TOWARD = 2.0
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
-BUDGET_S = 1250.0
+BUDGET_S = 1200.0
 
 
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_suspects: int = MAX_SUSPECTS,

@@ -128,17 +128,19 @@ def main() -> None:
         night = forecast.predict(store, MACHINE, points, plan, args.budget_s)
     median_process = statistics.median(cost.process_s for cost in night.points)
     confirm_s = 2 * args.pairs_confirmed * median_process
+    refine_s = 2 * plan.refine_pairs * plan.refine_points * median_process if plan.refine_pairs else 0.0
     for process in modelled.values():
         print(f"{process['interference']['wall_s']:6.1f} s  {process['label']}  (warm-up {process['warmup_seconds']:.1f} s from "
               f"{process['warm-up from']}, {process['steady_epochs']} steady epochs of {process['steady epoch from']})")
     print(f"outside the trainer: {outside_s:.1f} s a process (median, gate/results.sqlite)")
     for line in night.lines():
         print(line)
-    print(f"expected confirmation at {args.pairs_confirmed:g} pairs a night: {forecast.duration(confirm_s)}; "
+    expected = night.screen_s + refine_s + confirm_s
+    print(f"expected refinement at the median process: {forecast.duration(refine_s)}; expected confirmation at "
+          f"{args.pairs_confirmed:g} pairs a night: {forecast.duration(confirm_s)}; "
           f"peaks (first night on a store): {forecast.duration(args.peaks_s)}; the night: "
-          f"{forecast.duration(night.screen_s + confirm_s)} of processes, "
-          f"{forecast.duration(night.screen_s + confirm_s + args.peaks_s)} with the peaks, at most "
-          f"{forecast.duration(night.screen_s + night.confirm_max_s + args.peaks_s)}")
+          f"{forecast.duration(expected)} of processes, {forecast.duration(expected + args.peaks_s)} with the peaks, "
+          f"at most {forecast.duration(night.screen_s + night.refine_s[1] + night.confirm_max_s + args.peaks_s)}")
 
 
 if __name__ == "__main__":
