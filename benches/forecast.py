@@ -8,7 +8,8 @@ store has not run on this machine costs the median process of this machine; on a
 know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
 on top); its refinement 2 x refine_pairs processes of each of its leaders, which are not known before, so it is
 forecast between the cheapest and the costliest points; the confirmation costs nothing on a night without
-suspects and at most its budget, or its suspects' pairs if those cost less. Peaks are measured once per store and machine and are not counted.
+suspects and at most its budget, or its suspects' pairs if those cost less. Peaks are measured once per store
+and machine and are not counted.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Forecast:
     def lines(self) -> list[str]:
         known = sum(point.known_from > 0 for point in self.points)
         low, high = self.screen_s + self.refine_s[0], self.screen_s + self.refine_s[1] + self.confirm_max_s
-        refine = f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; " if self.refine_s[1] else ""
+        refine = (f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; "
+                  if self.refine_s[1] else "")
         out = [f"forecast: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
                f"processes; {known} of them from their own earlier processes here"
                + (f", the others at {self.fallback}" if known < len(self.points) else "") + f"); {refine}"
@@ -100,7 +102,8 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
     by_cost = sorted(cost.process_s for cost in costs)
     confirm_max = min(budget_s, sum(2 * plan.max_pairs * process_s for process_s in by_cost[::-1][:plan.max_suspects]))
     leaders = min(plan.refine_points, len(by_cost)) if plan.refine_pairs else 0
-    refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]), 2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
+    refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]),
+              2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
     return Forecast(costs, plan.screen_pairs, confirm_max, fallback, refine)
 
 

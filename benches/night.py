@@ -1,7 +1,7 @@
 """The gate's night: its stages over a suite's points (decisions/screening.py's rules), a screen of every point
 in a few pairs of processes, a few more pairs for the screen's leaders, and a sequential confirmation of the few
-strongest suspects, with whatever runs the processes and keeps them: `rlperf gate` (benches/gate.py) gives it trainer processes and the store, the
-simulations of studies/gate_power.py drawn ones."""
+strongest suspects, with whatever runs the processes and keeps them: `rlperf gate` (benches/gate.py) gives it
+trainer processes and the store, the simulations of studies/gate_power.py drawn ones."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
-# night within an hour, the 4 costliest points refined included): 3 screen pairs a point, 2 more for the 4
-# leaders, then 1,200 s to confirm caught a lone 10% slowdown on about 94% of bad nights; without the refinement and 1,600 s to confirm, 89% (the slowed point
-# ranked behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes,
-# and the compiled points, a pair costing over a minute, could not reach a claim in what was left).
+# night within an hour even when the 4 costliest points are the ones refined): 3 screen pairs a point, 2 more
+# for the 4 leaders, then 1,200 s to confirm caught a lone 10% slowdown on about 94% of bad nights; without the
+# refinement and 1,600 s to confirm, 89% (the slowed point ranked behind two others or under the bar on 9.5%);
+# 4 screen pairs and 900 s, 80% (the screen took 43 minutes, and the compiled points, a pair costing over a
+# minute, could not reach a claim in what was left).
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2

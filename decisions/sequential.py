@@ -213,8 +213,9 @@ def _exact_scores(signs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Each pattern's clipped score in whole units of a millionth of the largest, summed in integers: patterns
     that score alike tie exactly, whatever order a float sum would take."""
     scores = clipped_scores(sizes)
-    units = np.rint(scores / scores.max() * 1e6).astype(np.int64) if scores.max() > 0 else np.zeros(len(scores), np.int64)
-    return signs.astype(np.int64) @ units
+    if scores.max() <= 0:
+        return np.zeros(len(signs), np.int64)
+    return signs.astype(np.int64) @ np.rint(scores / scores.max() * 1e6).astype(np.int64)
 
 
 def exact_p(design: Design, values: np.ndarray) -> float:
