@@ -107,7 +107,8 @@ class Trainer:
         parameters = sum(p.numel() for p in self.policy.parameters())
         self.work = count_work(cfg, env.obs_shape, self.experience.host_obs.element_size(), env.num_actions,
                                parameters, env.next_step_reset, str(self.dtype_used).removeprefix("torch."),
-                               torch.get_num_threads())
+                               torch.get_num_threads(), written_out=device.type == "cpu" and not cfg.compile
+                               and self.dtype_used == torch.float32)
 
         steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, self.experience.step_noise if g == 0 else None,
                             rank.rank, rank.world_size)

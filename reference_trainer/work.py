@@ -35,13 +35,14 @@ LEARN_PASSES = 9
 
 
 def count_work(cfg: TrainConfig, obs_shape: tuple[int, ...], obs_itemsize: int, num_actions: int, parameters: int,
-               masked: bool, dtype: str, threads: int) -> dict[str, Any]:
-    """`summary["work"]`: per phase `flops`, `min_bytes` and `calls` per agent step, and its `kernels`."""
+               masked: bool, dtype: str, threads: int, written_out: bool = False) -> dict[str, Any]:
+    """`summary["work"]`: per phase `flops`, `min_bytes` and `calls` per agent step, and its `kernels`;
+    `written_out`: the LSTM runs as reference_trainer/lstm_sequence.py writes it out."""
     T, H = cfg.horizon, cfg.hidden_size
     group = cfg.envs_per_rank // cfg.env_groups
     S = cfg.minibatch_sequences_per_rank
     rows = T * S
-    model = Model(cfg, obs_shape, num_actions)
+    model = Model(cfg, obs_shape, num_actions, written_out)
     obs_bytes = math.prod(obs_shape) * obs_itemsize
     weights = parameters * FLOAT_BYTES
     state = 2 * H * FLOAT_BYTES if cfg.lstm else 0
@@ -70,8 +71,9 @@ def phase(calls: float, kernels: list[tuple[str, list[int], int]], min_bytes: fl
 class Model:
     """The policy's layers as kernels (reference_trainer/policy.py): encoder, core, heads."""
 
-    def __init__(self, cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int):
+    def __init__(self, cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int, written_out: bool = False):
         self.lstm, self.hidden = cfg.lstm, cfg.hidden_size
+        self.written_out = written_out
         self.heads = (num_actions, 1)
         self.convs: list[list[int]] = []
         if cfg.encoder == "cnn":
@@ -93,7 +95,10 @@ class Model:
     def forward(self, rows: int, cell_rows: int, cell_steps: int) -> list[tuple[str, list[int], int]]:
         kernels = [("conv", [rows, *conv], 1) for conv in self.convs]
         kernels += [("linear", shape, 1) for shape in self.linears(rows)]
-        if self.lstm:
+        if self.lstm and self.written_out:  # W_ih over every step at once, then W_hh step by step
+            kernels += [("linear", [cell_rows * cell_steps, self.hidden, 4 * self.hidden], 1),
+                        ("linear", [cell_rows, self.hidden, 4 * self.hidden], cell_steps)]
+        elif self.lstm:
             kernels.append(("linear", [cell_rows, self.hidden, 4 * self.hidden], 2 * cell_steps))  # W_ih, W_hh
         return kernels
 
@@ -105,8 +110,11 @@ class Model:
             if not (first and not self.convs):
                 kernels.append(("mm", [m, n, k], 1))
             first = False
-        if self.lstm:
-            H, S = self.hidden, cell_rows
+        H, S = self.hidden, cell_rows
+        if self.lstm and self.written_out:  # the state's gradient step by step; the rest over every step at once
+            kernels += [("mm", [S, 4 * H, H], cell_steps), ("mm", [S * cell_steps, 4 * H, H], 1),
+                        ("mm_tn", [4 * H, S * cell_steps, H], 2)]
+        elif self.lstm:
             kernels += [("mm_tn", [4 * H, S, H], 2 * cell_steps),  # weight gradients of W_ih and W_hh
                         ("mm", [S, 4 * H, H], 2 * cell_steps - 1)]  # input gradients, but the first step's state
         return kernels
