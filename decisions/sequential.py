@@ -10,7 +10,7 @@ then exact, whatever score of |d| it sums over the pairs that lean one way. Two 
   a pair far out, on either side, no more than a wide ordinary one. Where a fifth of a GPU's processes run
   three times as wide as the rest (studies/simulated.py, `H100`), a pair holding one of them is the largest and
   often leans the wrong way; at a 10% slowdown and one-sided 0.5%, 14 such pairs claim on 89% of draws against
-  84% for the signed ranks (86% and 77% at 12 pairs through every look of the gate's design).
+  84% for the signed ranks (79% against 76% at 12 pairs).
 Either way the smallest one-sided p with n pairs is 2^-n, so a level needs enough pairs to be reachable at all
 (see `first_look`).
 
