@@ -23,9 +23,9 @@ from rlperf.store import PointRecord, utc_now
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
 # night within an hour even when the 4 costliest points are the ones refined): 3 screen pairs a point, 2 more
 # for the 4 leaders, then 1,200 s to confirm caught a lone 10% slowdown on 91% of bad nights (94% at 1,250 s, a
-# night up to 41 s over the hour); without the refinement and 1,600 s to confirm, 89% (the slowed point ranked behind two others or under the bar on 9.5%);
-# 4 screen pairs and 900 s, 80% (the screen took 43 minutes, and the compiled points, a pair costing over a
-# minute, could not reach a claim in what was left).
+# night up to 41 s over the hour); without the refinement and 1,600 s to confirm, 89% (the slowed point ranked
+# behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes, and
+# the compiled points, a pair costing over a minute, could not reach a claim in what was left).
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2
