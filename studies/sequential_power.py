@@ -13,12 +13,18 @@ and stores every point's two sides in a real store, renders nothing, but judges 
 same draws are judged by the rule `--until-decided` used before: the unpaired exact Mann-Whitney interval at
 looks after 8, 12, 17, 24, 34 and 40 pairs, each spending alpha x pairs added / 40 (a union bound). Rates come
 with 95% Clopper-Pearson intervals.
+
+`python -m studies.sequential_power --noise h100 --scores 12,14 --alpha 0.005` compares the sign-flip statistics
+instead (signed ranks, the clipped score, the Cauchy score): the same drawn pairs of quiet processes, in a random
+order inside each pair, judged once at that many pairs by decisions/sequential.py's `decide`, one-sided at
+`--alpha` (a gate's confirmation of two suspects is at 0.5%), slowed by `--slowdown` and unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import tempfile
 import time
@@ -28,10 +34,11 @@ import numpy as np
 from scipy import stats
 
 from benches.pairing import Pairing, frame
-from studies.simulated import Noise, SimulatedMachine
+from studies.simulated import Noise, SimulatedMachine, parse_noise
 from benches.suite import Point
+from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from decisions.sequential import Design
+from decisions.sequential import Design, decide
 from decisions.verdicts import compare_values, judge_pair_point
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 from rlperf.store import PointRecord, Store, utc_now
@@ -122,19 +129,59 @@ def simulate(noise: Noise, slowdown: float, points: int, seed: int) -> dict:
     }
 
 
+def quiet_pairs(machine: SimulatedMachine, point: Point, count: int, order: random.Random) -> np.ndarray:
+    """`count` log ratios new over ref of pairs whose processes the monitor left quiet, each pair's order drawn."""
+    ratios = []
+    while len(ratios) < count:
+        sides = order.sample(("ref", "new"), 2)
+        drawn = dict(zip(sides, (machine.draw(side, point) for side in sides)))
+        if not (drawn["ref"][1] or drawn["new"][1]):
+            ratios.append(math.log(drawn["new"][0] / drawn["ref"][0]))
+    return np.array(ratios)
+
+
+def compare_statistics(noise: Noise, slowdown: float, counts: list[int], draws: int, alpha: float,
+                       seed: int) -> dict:
+    """Each sign-flip statistic's claims on the same pairs, judged once at each count of pairs: the share of
+    slowed points claimed and of unchanged ones."""
+    machine = SimulatedMachine(noise, np.random.default_rng(seed))
+    order = random.Random(seed)
+    point = Point(json.dumps({"i": 0}), {"i": 0}, {"i": 0})
+    out = {}
+    for count in counts:
+        for kind, slowed in (("slowed", slowdown), ("unchanged", 0.0)):
+            machine.slowdowns = {("new", point.key): slowed}
+            rows = []
+            for _ in range(draws):
+                machine.new_night()
+                rows.append(quiet_pairs(machine, point, count, order))
+            for statistic in sequential.STATISTICS:
+                design = Design((count,), alpha, 1, DEFAULT_THRESHOLD, count + 1, statistic=statistic)
+                claims = sum(decide(design, row, estimate=False).status == sequential.REGRESSED for row in rows)
+                out[f"{count} pairs, {kind}, {statistic}"] = rate(claims, draws)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noise", default="process=0.06,drift=0.6",
-                        help="studies/simulated.Noise fields, e.g. process=0.12,drift=0.0,contended=0.02")
+                        help="h100, gpu, or studies/simulated.Noise fields, e.g. process=0.12,drift=0.0,contended=0.02")
     parser.add_argument("--slowdown", type=float, default=0.10)
     parser.add_argument("--points", type=int, default=400, help="points simulated, half A/A and half slowed")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scores", help="compare the sign-flip statistics at these counts of pairs, e.g. 12,14")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA / 2,
+                        help="with --scores: the one-sided level (default 0.005, a confirmation of two suspects)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    noise = Noise(**{k: float(v) for k, v in (item.split("=") for item in args.noise.split(","))})
+    noise = parse_noise(args.noise)
     started = time.monotonic()
-    results = {"noise": noise.__dict__, "slowdown": -args.slowdown,
-               **simulate(noise, args.slowdown, args.points, args.seed), "seconds": time.monotonic() - started}
+    if args.scores:
+        counts = [int(count) for count in args.scores.split(",")]
+        found = compare_statistics(noise, args.slowdown, counts, args.points, args.alpha, args.seed)
+    else:
+        found = simulate(noise, args.slowdown, args.points, args.seed)
+    results = {"noise": noise.__dict__, "slowdown": -args.slowdown, **found, "seconds": time.monotonic() - started}
     text = json.dumps(results, indent=1, default=float)
     print(text)
     if args.json:

@@ -54,6 +54,12 @@ GPU_RUNNER = Noise(process=0.02, drift=0.3, night=0.03, point_night=0.01, conten
 # such a triple is under it).
 H100 = Noise(process=0.036, drift=0.3, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01,
              wide_share=0.2, wide=0.12)
+NOISES = {"gpu": GPU_RUNNER, "h100": H100}
+
+
+def parse_noise(text: str) -> Noise:
+    """A named noise (NOISES) or Noise fields, e.g. process=0.06,drift=0.6,contended=0.02."""
+    return NOISES.get(text) or Noise(**{k: float(v) for k, v in (item.split("=") for item in text.split(","))})
 
 
 @dataclass
