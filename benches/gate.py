@@ -3,7 +3,7 @@
 Both commits are measured tonight, in pairs of processes (benches/pairing.py; REF in a temporary git worktree,
 the working tree beside it), in two stages (benches/night.py) whose rules are decisions/screening.py's: a
 screen of every point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each
-at alpha / suspects. Every process is stored as it lands, in four runs at most: the screen's two (the working
+at its share of alpha. Every process is stored as it lands, in four runs at most: the screen's two (the working
 tree's is the night's measurement of the suite, for the history) and the confirmation's two, each naming the
 gate's plan and the runs it belongs with, so `rlperf report` shows the same verdicts later.
 

@@ -22,10 +22,11 @@ from rlperf.store import PointRecord, utc_now
 
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
 # night within an hour even when the 4 costliest points are the ones refined): 3 screen pairs a point, 2 more
-# for the 4 leaders, then 1,200 s to confirm caught a lone 10% slowdown on 91% of bad nights (94% at 1,250 s, a
-# night up to 41 s over the hour); without the refinement and 1,600 s to confirm, 89% (the slowed point ranked
-# behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes, and
-# the compiled points, a pair costing over a minute, could not reach a claim in what was left).
+# for the 4 leaders, then 1,200 s to confirm, the strongest suspect at LEAD_SHARE of alpha, caught a lone 10%
+# slowdown on 94% of bad nights over two seeds (one seed: 95% against 93% with alpha split evenly, and 91% with
+# the clipped score at alpha / suspects); without the refinement and 1,600 s to confirm, 89% (the slowed point
+# ranked behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes,
+# and the compiled points, a pair costing over a minute, could not reach a claim in what was left).
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2
@@ -35,6 +36,8 @@ MIN_QUIET = 2
 SCREEN_TOWARD = 2.0
 # Seconds for the whole confirmation stage, shared among the suspects still to confirm.
 BUDGET_S = 1200.0
+# the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
+LEAD_SHARE = 0.8
 
 
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_suspects: int = MAX_SUSPECTS,
@@ -42,12 +45,13 @@ def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_sus
     """The gate's rules at the thresholds and limits `options` name: the `refine_points` points whose screen of
     `screen_pairs` pairs gives the strongest evidence get REFINE_PAIRS more; a point is a suspect when its pairs
     are likelier slowed by SCREEN_TOWARD thresholds than unchanged; the `max_suspects` with the strongest
-    evidence are confirmed with the clipped sign-flip score."""
+    evidence are confirmed with the Cauchy sign-flip score."""
     return rules.GatePlan(threshold=options.threshold, alpha=options.alpha, screen_pairs=screen_pairs,
                           refine_points=refine_points, refine_pairs=REFINE_PAIRS if refine_points else 0,
                           screen_at=0.0, max_suspects=max_suspects, max_pairs=options.max_repeats,
                           min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
-                          screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CLIPPED)
+                          screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CAUCHY,
+                          lead_share=LEAD_SHARE)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
@@ -155,21 +159,26 @@ class Night:
                 record: Record, gpu_uuids: Callable[[suites.Point], list[str]], budget_s: float,
                 pair_s: dict[str, float] | None = None) -> dict[str, PointVerdict]:
         """Each suspect in turn until it decides or its share of the budget is spent: what is left less what the
-        suspects after it need to reach their first look (at their screen's seconds a pair), and never less
-        than an equal share of what is left."""
-        design = self.plan.confirmation(len(chosen))
-        self.say(f"confirming {len(chosen)} suspects, each at alpha {design.alpha:.3g} (looks at "
-                 f"{', '.join(map(str, design.looks))} quiet pairs): " + ", ".join(s.label for s in chosen))
-        pairing = Pairing(sides, design, self.say, rng=self.rng, clock=self.clock)
+        suspects after it need to reach their first look (at their screen's seconds a pair, and at the level they
+        have if nothing before them is claimed), and never less than an equal share of what is left."""
+        unclaimed = [self.plan.confirmation(len(chosen), done) for done in range(len(chosen))]
+        self.say(f"confirming {len(chosen)} suspects, at alpha {', '.join(f'{d.alpha:.3g}' for d in unclaimed)}"
+                 f"{' (a claim passes its level on to the next)' if self.plan.lead_share and len(chosen) > 1 else ''}"
+                 f": " + ", ".join(s.label for s in chosen))
         started = self.clock()
         by_key = {point.key: (index, point) for index, point in enumerate(points)}
-        confirmed = {}
+        confirmed: dict[str, PointVerdict] = {}
         for done, suspect in enumerate(chosen):
             index, point = by_key[suspect.point_key]
+            design = rules.confirmation_designs(chosen[:done + 1], confirmed, self.plan, len(chosen))[suspect.key]
             left = started + budget_s - self.clock()
-            reserve = sum(design.looks[0] * (pair_s or {}).get(later.point_key, 0.0) for later in chosen[done + 1:])
+            reserve = sum(unclaimed[later].looks[0] * (pair_s or {}).get(chosen[later].point_key, 0.0)
+                          for later in range(done + 1, len(chosen)))
             deadline = self.clock() + max(left / (len(chosen) - done), left - reserve)
+            self.say(f"confirming {point.label} at alpha {design.alpha:.3g} (looks at "
+                     f"{', '.join(map(str, design.looks))} quiet pairs)")
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
+            pairing = Pairing(sides, design, self.say, rng=self.rng, clock=self.clock)
             confirmed[suspect.key] = pairing.measure(index, point, records, gpu_uuids(point), deadline)
             for side in SIDES:
                 record("confirm", side, records[side])

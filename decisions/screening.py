@@ -11,15 +11,24 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
    e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
    level at all and cost a few processes a point.
 3. Confirm: each suspect, the strongest evidence first and at most `max_suspects` of them, gets fresh pairs
-   judged by a one-sided sequential design (decisions/sequential.py) at alpha / suspects, within the stage's
-   time budget (benches/night.py shares it out).
+   judged by a one-sided sequential design (decisions/sequential.py) at its share of alpha, within the stage's
+   time budget (benches/night.py shares it out). The strongest suspect's share is `lead_share`, the others split
+   the rest, and a suspect that is claimed passes its level on to the next (GatePlan.confirmation).
 
 Why a screen and a confirmation. A claim about one point among many must reach alpha / points, and pairs reach a
 level only after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one
 could be flagged. Confirming only the suspects shrinks the family to the few points that looked slower. The
-screen's and the refinement's data are not reused, so however the suspects were chosen, each confirmation's
-false-claim chance is at most alpha / suspects given them, and the chance of any false claim in the night at
-most alpha.
+screen's and the refinement's data are not reused, so however the suspects were chosen and ordered, each
+confirmation's false-claim chance is at most its level given them, and the chance of any false claim in the night
+at most alpha.
+
+Why the strongest suspect gets most of alpha, and a claim passes its level on. On a bad night the point that got
+slower has the strongest evidence on about 93% of nights (studies/gate_power.py at the H100's noise), and a
+confirmation at a larger level needs fewer pairs, which counts where the time budget ends it: at 12 pairs of that
+noise the Cauchy score claims a 10% slowdown on 88% of draws at one-sided 0.8% against 84% at 0.5%
+(studies/sequential_power.py --scores 12 --alpha 0.008). Passing a claimed suspect's level on to the next is
+Wiens' fallback procedure, a shortcut of closed testing with weighted Bonferroni tests: whatever the outcomes, a
+night's chance of any false claim stays at most alpha.
 
 Why a refinement. Three pairs of each of 16 points at the H100's noise rank a point slowed by 10% among the
 two strongest on about 90% of nights and among the four strongest on 97%; two more pairs for those four bring
@@ -95,10 +104,30 @@ class GatePlan:
     # suspects are chosen (plans stored before had no such stage)
     refine_points: int = 0
     refine_pairs: int = 0
+    # of alpha, the strongest suspect's share when there are several, the rest split evenly among the others, and a
+    # claimed suspect's level passed on to the next (the fallback procedure); 0 in plans stored before: alpha /
+    # suspects each, nothing passed on
+    lead_share: float = 0.0
 
-    def confirmation(self, suspects: int) -> sequential.Design:
-        return sequential.Design.plan(self.max_pairs, self.alpha / max(1, suspects), sides=1,
-                                      threshold=self.threshold, statistic=self.statistic)
+    def shares(self, suspects: int) -> list[float]:
+        """Each suspect's own share of alpha, in the order they are confirmed."""
+        if suspects <= 1:
+            return [1.0]
+        if not self.lead_share:
+            return [1 / suspects] * suspects
+        return [self.lead_share] + [(1 - self.lead_share) / (suspects - 1)] * (suspects - 1)
+
+    def confirmation(self, suspects: int, index: int = 0, claimed: tuple[bool, ...] = ()) -> sequential.Design:
+        """The design of suspect `index` of `suspects`, in the order confirmed, given which of those before it were
+        claimed (`claimed[i]` for suspect i; none where left out): at its share of alpha, plus the level of the
+        suspect just before it where that one was claimed (only where the plan has a `lead_share`)."""
+        shares = self.shares(max(1, suspects))
+        level = 0.0
+        for at in range(index + 1):
+            passed = level if self.lead_share and 0 < at <= len(claimed) and claimed[at - 1] else 0.0
+            level = shares[at] + passed
+        return sequential.Design.plan(self.max_pairs, self.alpha * level, sides=1, threshold=self.threshold,
+                                      statistic=self.statistic)
 
     def screen_rule(self) -> str:
         """The screen's rule in words, for a report."""
@@ -230,11 +259,22 @@ def suspects(screened: list[Screened], plan: GatePlan) -> list[Screened]:
     return sorted((s for s in screened if s.suspect), key=lambda s: s.estimate)[:plan.max_suspects]
 
 
+def confirmation_designs(chosen: list[Screened], confirmed: dict[str, PointVerdict], plan: GatePlan,
+                         suspects: int | None = None) -> dict[str, sequential.Design]:
+    """Each of the `chosen` suspects' design, in the order confirmed, given the claims of those before it;
+    `suspects` when the chosen are the first few of more."""
+    designs, claimed = {}, []
+    for index, suspect in enumerate(chosen):
+        designs[suspect.key] = plan.confirmation(suspects or len(chosen), index, tuple(claimed))
+        verdict = confirmed.get(suspect.key)
+        claimed.append(verdict is not None and verdict.status == sequential.REGRESSED)
+    return designs
+
+
 def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan: GatePlan) -> list[GateVerdict]:
     """One verdict per screened point; `confirmed` maps a suspect's key to its confirmation's verdict (judged
-    by `plan.confirmation(len(confirmed))`), as far as it got."""
-    chosen = {s.key for s in suspects(screened, plan)}
-    design = plan.confirmation(len(chosen))
+    by its design in `confirmation_designs`), as far as it got."""
+    designs = confirmation_designs(suspects(screened, plan), confirmed, plan)
     out = []
     for point in screened:
         verdict = GateVerdict(point.label, PASSED, point)
@@ -246,8 +286,8 @@ def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan:
             verdict.status = UNMEASURED
             verdict.note = (f"too few quiet pairs: {point.quiet} of {point.pairs} (at least {plan.min_quiet}); "
                             f"the others ran on a contended machine")
-        elif point.key in chosen:
-            confirm_point(verdict, confirmed.get(point.key), design)
+        elif point.key in designs:
+            confirm_point(verdict, confirmed.get(point.key), designs[point.key])
         elif point.suspect:
             verdict.status = NOT_CONFIRMED
             verdict.note = f"a suspect beyond the {plan.max_suspects} the gate confirms"
@@ -344,8 +384,9 @@ def stored_verdicts(candidate: RunData, baseline: RunData, plan: GatePlan) -> li
     confirmed: dict[str, PointVerdict] = {}
     sides = later.get("confirm", {})
     if chosen and set(sides) == {"ref", "new"}:
-        design = plan.confirmation(len(chosen))
-        for suspect in chosen:
+        for index, suspect in enumerate(chosen):
+            # in the order confirmed: a claim passes its level on to the next suspect
+            design = confirmation_designs(chosen[:index + 1], confirmed, plan, len(chosen))[suspect.key]
             new, ref = (sides[side].samples[sides[side].samples["point_key"] == suspect.point_key]
                         for side in ("new", "ref"))
             statuses = {side: sides[side].points.set_index("point_key")["status"].get(suspect.point_key)

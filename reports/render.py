@@ -85,13 +85,20 @@ def verdict_section(verdicts: list[PointVerdict], candidate: RunData, baseline: 
     return Section("Verdict against the baseline", text, [pd.DataFrame(rows)])
 
 
+def confirmation_levels(plan: screening.GatePlan) -> str:
+    if not plan.lead_share:
+        return "alpha / suspects"
+    return (f"its share of alpha ({plan.lead_share:.0%} for the strongest suspect, the others splitting the rest, "
+            f"and a claimed suspect's level passed on to the next)")
+
+
 def gate_section(found: list[screening.GateVerdict], plan: screening.GatePlan, baseline: RunData) -> Section:
     design = plan.confirmation(len([v for v in found if v.confirmation is not None]) or 1)
     text = [f"Baseline: {run_header(baseline)}, measured in the same job.",
             f"The gate measured both commits in pairs of processes, in an order drawn at random inside each pair. "
             f"Screen: every point {plan.screen_pairs} pairs; {plan.screen_rule()}. Confirm: the first "
             f"{plan.max_suspects} suspects at most, each in "
-            f"fresh pairs judged sequentially at alpha / suspects (looks at "
+            f"fresh pairs judged sequentially at {confirmation_levels(plan)} (looks at "
             f"{', '.join(map(str, design.looks))} quiet pairs here), so the chance of flagging any point on a night "
             f"where nothing got slower is at most {plan.alpha:g}. 'detects' is the smallest slowdown the gate flags "
             f"95% of the time at the point's measured pair noise, when it is the night's only suspect.",

@@ -32,16 +32,16 @@ import numpy as np
 from scipy import stats
 
 from benches import suite as suites
-from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import BUDGET_S, LEAD_SHARE, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from studies import night_forecast
-from studies.simulated import GPU_RUNNER, H100, Noise, SimulatedMachine
+from studies.simulated import Noise, SimulatedMachine, parse_noise
 from decisions import screening as rules
+from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 
-NOISES = {"gpu": GPU_RUNNER, "h100": H100}
 # the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
 
@@ -94,6 +94,8 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
             tally["false claims"] += len(regressed)
         else:
             caught = by_point[slowed.key].status == rules.REGRESSED
+            strongest = max(found, key=lambda v: v.screen.evidence if math.isfinite(v.screen.evidence) else -math.inf)
+            tally["slowed the strongest suspect"] += strongest.screen.point_key == slowed.key
             lost[where_lost(by_point[slowed.key], found, plan)] += 1
             tally["caught"] += caught
             tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
@@ -107,6 +109,7 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "null night could not measure": rate(null["could not measure"], null["nights"]),
         "caught and the job failed": rate(bad["caught and failed"], bad["nights"]),
         "caught": rate(bad["caught"], bad["nights"]),
+        "the slowed point's evidence the strongest": rate(bad["slowed the strongest suspect"], bad["nights"]),
         "other points claimed on bad nights": rate(bad["others claimed"], bad["nights"] * (len(points) - 1)),
         "suspects confirmed per null night": null["suspects"] / max(1, null["nights"]),
         "processes per null night": float(np.mean(processes["null"])),
@@ -186,6 +189,10 @@ def main() -> None:
                         help="with --ranking estimate: a suspect's screen estimate is slower than this "
                              "(default: the threshold)")
     parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
+    parser.add_argument("--lead-share", type=float, default=LEAD_SHARE,
+                        help="the strongest suspect's share of alpha (0: alpha / suspects, nothing passed on)")
+    parser.add_argument("--statistic", choices=sequential.STATISTICS, default=sequential.CAUCHY,
+                        help="the confirmation's sign-flip score (default the gate's, cauchy)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S,
                         help="seconds of the confirmation stage, spent at each point's process wall")
     parser.add_argument("--walls-from", type=Path, metavar="MEASUREMENTS",
@@ -200,12 +207,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    noise = NOISES.get(args.noise) or Noise(**{k: float(v) for k, v in
-                                               (item.split("=") for item in args.noise.split(","))})
+    noise = parse_noise(args.noise)
     points = [point for point in suites.load(args.suite).points
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),
                      args.screen_pairs, args.max_suspects)
+    plan = replace(plan, lead_share=args.lead_share, statistic=args.statistic)
     if args.ranking == "estimate":
         plan = replace(plan, ranking="estimate", screen_at=args.screen_at, screen_toward=0.0)
     started = time.monotonic()

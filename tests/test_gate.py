@@ -151,7 +151,15 @@ def test_only_the_suspects_with_the_strongest_evidence_are_confirmed_each_at_its
     assert sorted(regressed) == sorted(point.key for point in NIGHTLY[4:6])  # the two slowest: the most evidence
     assert all(v.status == rules.NOT_CONFIRMED and v.confirmation is None for v in found[:4])  # beyond the two
     assert all(v.status in (rules.PASSED, rules.NOT_CONFIRMED) for v in found[6:])
-    assert found[5].confirmation.decision is not None and plan.confirmation(2).alpha == pytest.approx(0.005)
+    assert found[5].confirmation.decision is not None
+    # the strongest suspect at 80% of alpha, the other at the rest, or at all of it once the first is claimed
+    assert plan.confirmation(2, 0).alpha == pytest.approx(0.008)
+    assert plan.confirmation(2, 1).alpha == pytest.approx(0.002)
+    assert plan.confirmation(2, 1, (True,)).alpha == pytest.approx(0.01)
+    assert plan.confirmation(1).alpha == pytest.approx(0.01)
+    # a plan stored before the shares: alpha / suspects, nothing passed on
+    before = rules.GatePlan.from_dict({key: value for key, value in plan.to_dict().items() if key != "lead_share"})
+    assert before.confirmation(2, 1, (True,)).alpha == pytest.approx(0.005)
 
 
 def test_the_screens_evidence_grows_with_the_slowdown_and_a_pair_far_out_counts_little():
