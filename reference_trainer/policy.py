@@ -156,7 +156,7 @@ class Policy(nn.Module):
         value: those run the same function one cell step at a time (`stepped_sequence`), whose shapes are fixed
         and which reads nothing back. On a CPU every operator of the update is small at the trainer's shapes,
         so each one's fixed cost counts: there the sequence is one autograd function with its forward and
-        backward written out (`lstm_sequence`: ten operators a step forward, six backward, every product that
+        backward written out (`lstm_sequence`: thirteen operators a step forward, six backward, every product that
         does not feed the recurrence done once over all steps) against about 54 and 115 for stepping
         nn.LSTMCell under autograd. It computes in the weights' dtype, so under CPU autocast (bf16) and under
         torch.compile the cell steps. torch runs a packed sequence on a CPU as a loop of small operators, and
