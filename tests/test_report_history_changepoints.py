@@ -155,7 +155,7 @@ def test_contended_repeats_are_left_out():
 
 # ---- real trainer runs ---------------------------------------------------------------------------------------
 
-REPEATS = 2
+REPEATS = 1
 RUNS_BEFORE, RUNS_AFTER = 8, 8  # runs are the unit: 8 against 8 reach a permutation p near 1e-4
 TINY = """
     repeats = {repeats}
