@@ -5,7 +5,7 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
 1. Screen: every point gets a few quiet pairs (`screen_pairs`; a pair with a contended process is made up
    for, up to twice as many pairs). Each point's evidence is how much likelier its pairs are slowed by
    `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
-   as wide as the night's pair spread (all points' pairs together).
+   as wide as the night's pair spread (all points' pairs together, at most 1.5 times their spread within points).
 2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
    point's evidence is weighed again over all its pairs. A point is a suspect when its pairs are at least
    e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
@@ -200,14 +200,27 @@ EVIDENCE_BAR = -1.0
 EVIDENCE_GRID = 64  # slowdowns tried between `screen_toward` and the slowest pair
 # the night's pair spread is not trusted below this (log ratio): a handful of pairs can agree by chance
 SCALE_FLOOR = 0.005
+# the pooled spread is taken at most this many times the spread within points (see night_scale)
+WITHIN_CAP = 1.5
 
 
 def night_scale(screened: list[Screened]) -> float:
-    """The night's pair spread: a robust SD of every quiet pair of the screen, all points together."""
+    """The night's pair spread: a robust SD of every quiet pair of the screen, all points together, so that
+    what moves a point's pairs together on a night counts as noise. Points that got slower widen it too, and
+    where half the points moved it breaks down (in a suite of two with one slowed, the other became a suspect):
+    so it is taken at most WITHIN_CAP times the spread within points, from the differences between one point's
+    pairs, which no point's move widens. At the H100's simulated noise the cap never binds on a clean night."""
     ratios = np.concatenate([s.ratios for s in screened if s.ratios] or [np.zeros(0)])
     if len(ratios) < 2:
         return SCALE_FLOOR
-    return max(SCALE_FLOOR, float(stats.median_abs_deviation(ratios, scale="normal")))
+    pooled = float(stats.median_abs_deviation(ratios, scale="normal"))
+    differences = np.concatenate([np.subtract.outer(s.ratios, s.ratios)[np.triu_indices(len(s.ratios), 1)]
+                                  for s in screened])
+    if len(differences) >= 2:
+        # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
+        within = float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
+        pooled = min(pooled, WITHIN_CAP * within)
+    return max(SCALE_FLOOR, pooled)
 
 
 def evidence(ratios: np.ndarray, scale: float, toward: float) -> np.ndarray:

@@ -172,6 +172,18 @@ def test_the_screens_evidence_grows_with_the_slowdown_and_a_pair_far_out_counts_
     assert rules.evidence(pairs, scale, toward) > rules.EVIDENCE_BAR and sequential.hodges_lehmann(pairs) > 0
 
 
+def test_a_point_that_got_much_slower_makes_no_other_point_a_suspect():
+    """In a suite of two, one point 75% slower is half the night's pairs: pooled, they widened the night's spread
+    so far that the unchanged point looked as likely slowed as not, and was confirmed for nothing."""
+    two = NIGHTLY[:2]
+    for seed in range(3):
+        machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(seed))
+        machine.slowdowns = {("new", two[1].key): 0.75}
+        by_point = {verdict.screen.point_key: verdict for verdict in night(machine, points=two, seed=seed)}
+        assert by_point[two[1].key].status == rules.REGRESSED
+        assert not by_point[two[0].key].screen.suspect and by_point[two[0].key].status == rules.PASSED
+
+
 def test_what_the_gate_detects_grows_with_the_noise():
     plan = gate_plan(ProcessOptions())
     quiet, noisy = rules.detectable(plan, 0.028), rules.detectable(plan, 0.12)
