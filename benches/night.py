@@ -162,7 +162,8 @@ class Night:
         suspects after it need to reach their first look (at their screen's seconds a pair, and at the level they
         have if nothing before them is claimed), and never less than an equal share of what is left."""
         unclaimed = [self.plan.confirmation(len(chosen), done) for done in range(len(chosen))]
-        self.say(f"confirming {len(chosen)} suspects, at alpha {', '.join(f'{d.alpha:.3g}' for d in unclaimed)}"
+        self.say(f"confirming {len(chosen)} suspect{'s' if len(chosen) > 1 else ''}, at alpha "
+                 f"{', '.join(f'{d.alpha:.3g}' for d in unclaimed)}"
                  f"{' (a claim passes its level on to the next)' if self.plan.lead_share and len(chosen) > 1 else ''}"
                  f": " + ", ".join(s.label for s in chosen))
         started = self.clock()
