@@ -38,6 +38,8 @@ SCREEN_TOWARD = 2.0
 BUDGET_S = 1200.0
 # the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
 LEAD_SHARE = 0.8
+# the night's pair spread is taken at most this many times the spread within points (screening.night_scale)
+SPREAD_CAP = 1.5
 
 
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_suspects: int = MAX_SUSPECTS,
@@ -51,7 +53,7 @@ def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_sus
                           screen_at=0.0, max_suspects=max_suspects, max_pairs=options.max_repeats,
                           min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
                           screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CAUCHY,
-                          lead_share=LEAD_SHARE)
+                          lead_share=LEAD_SHARE, spread_cap=SPREAD_CAP)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners

@@ -108,6 +108,9 @@ class GatePlan:
     # claimed suspect's level passed on to the next (the fallback procedure); 0 in plans stored before: alpha /
     # suspects each, nothing passed on
     lead_share: float = 0.0
+    # the night's pair spread at most this many times the spread within points (night_scale); 0 in plans stored
+    # before: the pooled spread as it is
+    spread_cap: float = 0.0
 
     def shares(self, suspects: int) -> list[float]:
         """Each suspect's own share of alpha, in the order they are confirmed."""
@@ -200,26 +203,24 @@ EVIDENCE_BAR = -1.0
 EVIDENCE_GRID = 64  # slowdowns tried between `screen_toward` and the slowest pair
 # the night's pair spread is not trusted below this (log ratio): a handful of pairs can agree by chance
 SCALE_FLOOR = 0.005
-# the pooled spread is taken at most this many times the spread within points (see night_scale)
-WITHIN_CAP = 1.5
 
 
-def night_scale(screened: list[Screened]) -> float:
+def night_scale(screened: list[Screened], cap: float = 0.0) -> float:
     """The night's pair spread: a robust SD of every quiet pair of the screen, all points together, so that
     what moves a point's pairs together on a night counts as noise. Points that got slower widen it too, and
     where half the points moved it breaks down (in a suite of two with one slowed, the other became a suspect):
-    so it is taken at most WITHIN_CAP times the spread within points, from the differences between one point's
-    pairs, which no point's move widens. At the H100's simulated noise the cap never binds on a clean night."""
+    so with a `cap` it is taken at most `cap` times the spread within points, from the differences between one
+    point's pairs, which no point's move widens."""
     ratios = np.concatenate([s.ratios for s in screened if s.ratios] or [np.zeros(0)])
     if len(ratios) < 2:
         return SCALE_FLOOR
     pooled = float(stats.median_abs_deviation(ratios, scale="normal"))
     differences = np.concatenate([np.subtract.outer(s.ratios, s.ratios)[np.triu_indices(len(s.ratios), 1)]
                                   for s in screened])
-    if len(differences) >= 2:
+    if cap and len(differences) >= 2:
         # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
         within = float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
-        pooled = min(pooled, WITHIN_CAP * within)
+        pooled = min(pooled, cap * within)
     return max(SCALE_FLOOR, pooled)
 
 
@@ -247,7 +248,7 @@ def screen(new_points: pd.DataFrame, new_samples: pd.DataFrame, ref_points: pd.D
         found.append(screen_point(key, row, ref, new_samples[new_samples["point_key"] == row["point_key"]],
                                   ref_samples[ref_samples["point_key"] == ref["point_key"]], plan))
     if plan.ranking == "evidence":
-        scale = night_scale(found)
+        scale = night_scale(found, plan.spread_cap)
         for point in found:
             if point.ratios:
                 point.evidence = float(evidence(np.array(point.ratios), scale, plan.screen_toward))

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -176,12 +177,19 @@ def test_a_point_that_got_much_slower_makes_no_other_point_a_suspect():
     """In a suite of two, one point 75% slower is half the night's pairs: pooled, they widened the night's spread
     so far that the unchanged point looked as likely slowed as not, and was confirmed for nothing."""
     two = NIGHTLY[:2]
+    capped = gate_plan(ProcessOptions())
+    pooled_suspects = 0
     for seed in range(3):
-        machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(seed))
-        machine.slowdowns = {("new", two[1].key): 0.75}
-        by_point = {verdict.screen.point_key: verdict for verdict in night(machine, points=two, seed=seed)}
-        assert by_point[two[1].key].status == rules.REGRESSED
-        assert not by_point[two[0].key].screen.suspect and by_point[two[0].key].status == rules.PASSED
+        for plan in (capped, replace(capped, spread_cap=0.0)):  # the second judges as plans stored before did
+            machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(seed))
+            machine.slowdowns = {("new", two[1].key): 0.75}
+            by_point = {v.screen.point_key: v for v in night(machine, points=two, plan=plan, seed=seed)}
+            assert by_point[two[1].key].status == rules.REGRESSED
+            if plan.spread_cap:
+                assert not by_point[two[0].key].screen.suspect and by_point[two[0].key].status == rules.PASSED
+            else:
+                pooled_suspects += by_point[two[0].key].screen.suspect
+    assert pooled_suspects == 3
 
 
 def test_what_the_gate_detects_grows_with_the_noise():
