@@ -39,7 +39,7 @@ BUDGET_S = 1200.0
 # the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
 LEAD_SHARE = 0.8
 # the night's pair spread is taken at most this many times the spread within points (screening.night_scale)
-SPREAD_CAP = 1.5
+SPREAD_CAP = 2.0
 
 
 def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_suspects: int = MAX_SUSPECTS,

@@ -5,7 +5,7 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
 1. Screen: every point gets a few quiet pairs (`screen_pairs`; a pair with a contended process is made up
    for, up to twice as many pairs). Each point's evidence is how much likelier its pairs are slowed by
    `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
-   as wide as the night's pair spread (all points' pairs together, at most 1.5 times their spread within points).
+   as wide as the night's pair spread (all points' pairs together, at most twice their spread within points).
 2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
    point's evidence is weighed again over all its pairs. A point is a suspect when its pairs are at least
    e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
