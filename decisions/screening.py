@@ -214,14 +214,15 @@ def night_scale(screened: list[Screened], cap: float = 0.0) -> float:
     ratios = np.concatenate([s.ratios for s in screened if s.ratios] or [np.zeros(0)])
     if len(ratios) < 2:
         return SCALE_FLOOR
-    pooled = float(stats.median_abs_deviation(ratios, scale="normal"))
-    differences = np.concatenate([np.subtract.outer(s.ratios, s.ratios)[np.triu_indices(len(s.ratios), 1)]
-                                  for s in screened])
-    if cap and len(differences) >= 2:
-        # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
-        within = float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
-        pooled = min(pooled, cap * within)
-    return max(SCALE_FLOOR, pooled)
+    spread = float(stats.median_abs_deviation(ratios, scale="normal"))
+    if cap:
+        differences = np.concatenate([np.subtract.outer(s.ratios, s.ratios)[np.triu_indices(len(s.ratios), 1)]
+                                      for s in screened])
+        if len(differences) >= 2:
+            # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
+            within = float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
+            spread = min(spread, cap * within)
+    return max(SCALE_FLOOR, spread)
 
 
 def evidence(ratios: np.ndarray, scale: float, toward: float) -> np.ndarray:

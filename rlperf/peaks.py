@@ -22,7 +22,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the trainer imports this module for its FLOP counts: pandas would cost it 0.2 s at start-up
+if TYPE_CHECKING:  # the trainer imports this module for its FLOP counts: pandas would cost it 0.3 s at start-up
     import pandas as pd
 
 PRODUCTS = ("linear", "mm", "mm_tn")
