@@ -218,8 +218,10 @@ class Policy(nn.Module):
             dtype = torch.bfloat16
             weights = [getattr(self.cell, name).to(dtype) for name in LSTM_WEIGHTS]
             with torch.autocast(device_type, enabled=False):
-                out, _ = torch.lstm(packed.data.to(dtype), packed.batch_sizes, (h.to(dtype)[None], c.to(dtype)[None]),
-                                    weights, True, 1, 0.0, self.training, False)
+                # the packed overload returns the outputs and both final states
+                out, _, _ = torch.lstm(packed.data.to(dtype), packed.batch_sizes,
+                                       (h.to(dtype)[None], c.to(dtype)[None]), weights, True, 1, 0.0, self.training,
+                                       False)
             return out
         out, _ = self.lstm(packed, (h[None], c[None]))
         return out.data

@@ -243,8 +243,10 @@ def test_on_cuda_overlapped_gym_copies_train_as_one_group_does(knobs):
     actions; with non_blocking ones, after the next group is launched. Every copy is held back on its stream
     (train's copy_delay_cycles), so an env stepped on actions not yet copied, or observations refilled while
     a copy still reads them, changes the losses."""
-    cfg = dict(env="gym:CartPole-v1", device="cuda", num_envs=64, horizon=8, minibatch_size=128, hidden_size=32,
-               total_steps=64 * 8 * 4, **knobs)
+    # sync copies, seeded one by one: gymnasium's own CartPole vector env (auto) draws every copy's start
+    # from one generator, so two groups of it would start from other states than one group does
+    cfg = dict(env="gym:CartPole-v1", vectorization="sync", device="cuda", num_envs=64, horizon=8,
+               minibatch_size=128, hidden_size=32, total_steps=64 * 8 * 4, **knobs)
     one = train(validate(TrainConfig(**cfg)))
     two = train(validate(TrainConfig(**cfg, env_groups=2)), copy_delay_cycles=2_000_000)
     assert two["env_overlap"]["env_busy_seconds"] > 0 and two["episodes"] == one["episodes"] > 0

@@ -53,7 +53,7 @@ def starts_where(kind: str, generator: torch.Generator) -> torch.Tensor:
 
 def loss_of(logits, values):
     # every output reaches the loss with its own weight, so a wrong or misplaced output changes a gradient
-    weights = torch.linspace(0.5, 1.5, logits.numel()).view_as(logits)
+    weights = torch.linspace(0.5, 1.5, logits.numel(), device=logits.device).view_as(logits)
     return (logits * weights).sum() + (values**2).sum()
 
 
@@ -204,3 +204,20 @@ def test_a_captured_forward_and_backward_replays_the_eager_ones():
     torch.testing.assert_close(logits, eager[0], rtol=1e-4, atol=1e-5)
     for name, param in policy.named_parameters():
         torch.testing.assert_close(param.grad, eager[4][name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_the_pieces_under_bf16_autocast_run_nn_lstm_in_bf16_and_train_the_float32_weights():
+    # the branch a GPU takes for bf16 (autocast would run cuDNN's LSTM in fp16): inputs and weights cast by hand
+    torch.manual_seed(13)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
+    starts = starts_where("mixed", torch.Generator().manual_seed(14))
+    with torch.no_grad():
+        expected = reference_sequence(policy, x, h0, c0, starts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = policy.pieced_sequence(x, h0, c0, starts)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
+    got.float().sum().backward()
+    assert policy.cell.weight_hh.grad is not None and policy.cell.weight_hh.grad.dtype == torch.float32
+    assert policy.cell.weight_hh.grad.abs().sum() > 0
