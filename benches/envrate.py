@@ -25,8 +25,8 @@ from rlperf.errors import MachineFault
 from rlperf.lock import MeasurementLock
 
 # the settings that make the env; the trainer's other settings do not change it
-ENV_FIELDS = ("env", "seed", "num_envs", "vectorization", "env_threads", "obs_size", "obs_shape", "obs_dtype",
-              "num_actions", "env_cost_us")
+ENV_FIELDS = ("env", "seed", "num_envs", "vectorization", "env_threads", "env_workers", "obs_size", "obs_shape",
+              "obs_dtype", "num_actions", "env_cost_us")
 
 
 def env_config(**values) -> TrainConfig:

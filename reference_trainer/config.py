@@ -56,6 +56,9 @@ class TrainConfig:
     env_threads: int = knob(0, "threads that step a natively vectorized gym:<id> env's copies (ale-py's AtariVectorEnv), "
                                "in each env group; 0: the cores this process may use (its share when ranks share the "
                                "machine), at most one per env")
+    env_workers: int = knob(0, "processes that build and step a natively vectorized gym:<id> env's copies (ale-py's), "
+                               "each a share of every env group's copies with its share of env_threads: hundreds of "
+                               "emulators are built that many at a time, not one after another; 0: all in this process")
     # batch: num_envs x horizon agent steps per epoch, split into minibatches of whole sequences
     num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon")
     horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences")
@@ -286,7 +289,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
               "learning_rate", "world_size", "env_groups", "trace_epochs")
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
-                  "threads", "env_threads", "warmup_epochs", "env_cost_us", "steady_seconds")
+                  "threads", "env_threads", "env_workers", "warmup_epochs", "env_cost_us", "steady_seconds")
     _positive(cfg, "rank_timeout")
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
@@ -319,6 +322,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.env_threads and cfg.vectorization in ("sync", "async"):
         raise ConfigError("env_threads", f"sets a native vector env's own threads, and vectorization="
                                          f"{cfg.vectorization} steps single copies (allowed with it: auto, native)")
+    if cfg.env_workers and not cfg.env.startswith("gym:"):
+        raise ConfigError("env_workers", f"applies to natively vectorized gym:<id> envs only (env is {cfg.env})")
+    if cfg.env_workers and cfg.vectorization in ("sync", "async"):
+        raise ConfigError("env_workers", f"splits a native vector env among processes, and vectorization="
+                                         f"{cfg.vectorization} steps single copies (allowed with it: auto, native)")
+    group_envs = cfg.envs_per_rank // cfg.env_groups
+    if cfg.env_workers > group_envs:
+        raise ConfigError("env_workers", f"each worker needs a copy of every env group's {group_envs} (allowed: 0 to "
+                                         f"{group_envs}, got {cfg.env_workers})")
     if cfg.encoder not in ENCODERS:
         raise ConfigError("encoder", f"unknown encoder {cfg.encoder!r} (allowed: {', '.join(ENCODERS)})")
     _positive(cfg, "cnn_channels")

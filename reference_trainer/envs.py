@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, synthetic_obs_shape
+from reference_trainer.env_workers import EnvWorkerPool, slices
 from rlperf.cpus import usable_cores
 
 
@@ -423,7 +424,8 @@ class GymVecEnv(VecEnv):
     `env_start_seconds`) is long for ale-py: it builds its emulators one after the other, each loading the ROM,
     and its seeded reset loads every ROM again in its threads."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0):
+    def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0,
+                 workers: int = 0):
         super().__init__(num_envs)
         import gymnasium
         from gymnasium.vector import AutoresetMode
@@ -431,19 +433,30 @@ class GymVecEnv(VecEnv):
 
         spec = gym_spec(env_id)
         mode = gym_vectorize_mode(env_id, spec, vectorization)
-        if mode == VectorizeMode.VECTOR_ENTRY_POINT:
-            vector_kwargs = native_thread_kwargs(env_id, spec, num_envs, threads)
-        elif threads:
-            raise ConfigError("env_threads", f"sets a native vector env's own threads, and gym:{env_id} is stepped "
-                                             "as single copies (it has no vector entry point; allowed: 0)")
+        native = mode == VectorizeMode.VECTOR_ENTRY_POINT
+        if not native and (threads or workers):
+            name = "env_threads" if threads else "env_workers"
+            raise ConfigError(name, f"applies to a native vector env, and gym:{env_id} is stepped as single copies "
+                                    "(it has no vector entry point; allowed: 0)")
+        if native and workers:
+            shares = [hi - lo for lo, hi in slices(num_envs, workers)]
+            total_threads = threads or auto_env_threads(num_envs)
+            per_worker = [native_thread_kwargs(env_id, spec, share, max(1, total_threads // workers))
+                          for share in shares]
+            self.threads = sum(kwargs.get("num_threads", 0) for kwargs in per_worker) or None
+            module, sep, name = env_id.partition(":")
+            self._env = EnvWorkerPool(env_id, module if sep else "", name if sep else env_id, num_envs, per_worker)
         else:
-            # copy=False: each step's observations are copied into the trainer's staging buffer before the next
-            vector_kwargs = {"vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
-        self.threads = vector_kwargs.get("num_threads")
-        try:
-            self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)
-        except gymnasium.error.Error as exc:
-            raise ConfigError("env", f"gym:{env_id} cannot be made ({exc})") from None
+            if native:
+                vector_kwargs = native_thread_kwargs(env_id, spec, num_envs, threads)
+            else:
+                # copy=False: each step's observations are copied into the trainer's staging buffer before the next
+                vector_kwargs = {"vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+            self.threads = vector_kwargs.get("num_threads")
+            try:
+                self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)
+            except gymnasium.error.Error as exc:
+                raise ConfigError("env", f"gym:{env_id} cannot be made ({exc})") from None
         try:
             self.autoreset = AutoresetMode(self._env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         except ValueError:
@@ -522,4 +535,5 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0,
     if cfg.env == "synthetic":
         return SyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, cfg.env_cost_us,
                             env_offset, np.dtype(cfg.obs_dtype))
-    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization, cfg.env_threads)
+    return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization, cfg.env_threads,
+                     cfg.env_workers)
