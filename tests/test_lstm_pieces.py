@@ -122,18 +122,25 @@ def test_the_sequence_lstm_is_the_cells_parameters():
     torch.testing.assert_close(policy.cell.weight_hh, cell_only[1].weight_hh, rtol=0, atol=0)
 
 
-def test_bf16_autocast_on_a_cpu_computes_the_sequence_in_bf16():
+@pytest.mark.parametrize("path", ["cell", "pieces"])
+def test_bf16_autocast_on_a_cpu_computes_the_sequence_in_bf16_and_trains_the_float32_weights(path):
+    # pieces: the branch a GPU takes for bf16 (autocast would run cuDNN's LSTM in fp16), inputs and weights cast
+    # by hand; cell: the explicit-gate cell a CPU steps under autocast
     torch.manual_seed(5)
-    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=False)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=path == "pieces")
     x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
-    starts = starts_where("random", torch.Generator().manual_seed(6))
+    starts = starts_where("mixed" if path == "pieces" else "random", torch.Generator().manual_seed(6))
     with torch.no_grad():
         expected = reference_sequence(policy, x, h0, c0, starts)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = policy.recurrent_sequence(x, h0, c0, starts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sequence = policy.pieced_sequence if path == "pieces" else policy.recurrent_sequence
+        got = sequence(x, h0, c0, starts)
+        if path == "cell":
             assert policy.compute_dtype(torch.device("cpu")) == torch.bfloat16
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
+    got.float().sum().backward()
+    assert policy.cell.weight_hh.grad.dtype == torch.float32 and policy.cell.weight_hh.grad.abs().sum() > 0
 
 
 @pytest.mark.gpu
@@ -205,19 +212,3 @@ def test_a_captured_forward_and_backward_replays_the_eager_ones():
     for name, param in policy.named_parameters():
         torch.testing.assert_close(param.grad, eager[4][name], rtol=1e-3, atol=1e-5, msg=name)
 
-
-def test_the_pieces_under_bf16_autocast_run_nn_lstm_in_bf16_and_train_the_float32_weights():
-    # the branch a GPU takes for bf16 (autocast would run cuDNN's LSTM in fp16): inputs and weights cast by hand
-    torch.manual_seed(13)
-    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
-    x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
-    starts = starts_where("mixed", torch.Generator().manual_seed(14))
-    with torch.no_grad():
-        expected = reference_sequence(policy, x, h0, c0, starts)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = policy.pieced_sequence(x, h0, c0, starts)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
-    got.float().sum().backward()
-    assert policy.cell.weight_hh.grad is not None and policy.cell.weight_hh.grad.dtype == torch.float32
-    assert policy.cell.weight_hh.grad.abs().sum() > 0
