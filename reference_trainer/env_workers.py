@@ -1,13 +1,13 @@
 """A natively vectorized Gymnasium env split among worker processes, each owning a slice of the copies.
 
 ale-py builds its emulators one after another in the constructing process, each loading the ROM (86 ms a
-copy on the 2-core EPYC, 34 s for 256 copies on a 16-core H200 machine), and no thread can share that work
-while the constructor holds the interpreter lock. Worker processes build their slices at once, so start-up
+copy on the 2-core EPYC; a Breakout point's 256 copies took 33.8 s to build and reset on a 16-core H200
+machine), and no thread can share that work while the constructor holds the interpreter lock. Worker processes build their slices at once, so start-up
 is one slice's worth. Each worker then steps its slice with its own share of the env's threads.
 
 The pool looks like the gymnasium vector env it replaces (`reset`, `send`/`recv`, `step`, the spaces and
 metadata), so `GymVecEnv` reads it as it reads the env. Actions, observations, rewards and episode ends live
-in shared memory the pool creates and unlinks; the pipes carry only commands. Copy `lo + i` of a worker whose
+in shared memory the pool creates and unlinks; the sockets carry only commands. Copy `lo + i` of a worker whose
 slice starts at `lo` is reset with seed `seed + lo + i`, as copy `lo + i` of one env of all the copies is, so
 the split changes where the copies are stepped, not what they do.
 

@@ -422,7 +422,9 @@ class GymVecEnv(VecEnv):
     A native env that takes `num_threads` steps its copies in that many threads (`threads`, 0: as many as
     `auto_env_threads` gives); `threads` is then the count it was given, else None. Its start-up (the trainer's
     `env_start_seconds`) is long for ale-py: it builds its emulators one after the other, each loading the ROM,
-    and its seeded reset loads every ROM again in its threads."""
+    and its seeded reset loads every ROM again in its threads. With `workers` the native env is split among
+    that many worker processes (env_workers.py), which build their shares at once, each with its share of the
+    threads; `threads` is then their sum."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0,
                  workers: int = 0):
@@ -435,14 +437,17 @@ class GymVecEnv(VecEnv):
         mode = gym_vectorize_mode(env_id, spec, vectorization)
         native = mode == VectorizeMode.VECTOR_ENTRY_POINT
         if not native and (threads or workers):
-            name = "env_threads" if threads else "env_workers"
-            raise ConfigError(name, f"applies to a native vector env, and gym:{env_id} is stepped as single copies "
+            knob = "env_threads" if threads else "env_workers"
+            raise ConfigError(knob, f"applies to a native vector env, and gym:{env_id} is stepped as single copies "
                                     "(it has no vector entry point; allowed: 0)")
         if native and workers:
-            shares = [hi - lo for lo, hi in slices(num_envs, workers)]
-            total_threads = threads or auto_env_threads(num_envs)
-            per_worker = [native_thread_kwargs(env_id, spec, share, max(1, total_threads // workers))
-                          for share in shares]
+            share_of_threads = max(1, (threads or auto_env_threads(num_envs)) // workers)
+            per_worker = []
+            for lo, hi in slices(num_envs, workers):
+                kwargs = native_thread_kwargs(env_id, spec, hi - lo, threads)
+                if "num_threads" in kwargs:  # an env that takes a thread count gets its share
+                    kwargs["num_threads"] = share_of_threads
+                per_worker.append(kwargs)
             self.threads = sum(kwargs.get("num_threads", 0) for kwargs in per_worker) or None
             module, sep, name = env_id.partition(":")
             self._env = EnvWorkerPool(env_id, module if sep else "", name if sep else env_id, num_envs, per_worker)
