@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlperf.errors import BadInput
 from rlperf.store import Store
 from profilers import interference
 from command.cli import main
@@ -92,8 +93,11 @@ def wait_for_a_trainer_after_a_stored_point(sweep: subprocess.Popen, store_path:
     while time.monotonic() < deadline:
         assert sweep.poll() is None, "the sweep ended before it could be interrupted"
         if store_path.exists():
-            with Store.open(store_path, readonly=True) as store:
-                stored = store.row_counts()["points"]
+            try:
+                with Store.open(store_path, readonly=True) as store:
+                    stored = store.row_counts()["points"]
+            except BadInput:  # the sweep has made the file and not yet its schema
+                stored = 0
             if stored and any("train" in cmdline(child) for child in psutil.Process(sweep.pid).children(recursive=True)):
                 return
         time.sleep(0.05)
