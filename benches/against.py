@@ -27,7 +27,7 @@ from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import Pairing
 from benches.peaks import fill_missing
-from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
@@ -122,10 +122,16 @@ class Against:
         opts = self.options
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
-                                    trainer_command, cwd=tree),
-                 "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
-                                    trainer_command)}
+        with Launcher(opts.launch, tree) as baseline, Launcher(opts.launch) as working:
+            sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
+                                        trainer_command, baseline),
+                     "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
+                                        trainer_command, working)}
+            return self.measure_pairs(store, suite, machine, ref_run, new_run, design, sides)
+
+    def measure_pairs(self, store: Store, suite: suites.Suite, machine: Machine, ref_run: str, new_run: str,
+                      design: Design, sides: dict[str, PointRunner]) -> list[PointVerdict]:
+        opts = self.options
         pairing = Pairing(sides, design, self.say)
         if math.isinf(pairing.fewest_decisive()):
             self.console.print(f"note: {design.max_pairs} pairs a point cannot reach alpha {design.alpha:.2g} "

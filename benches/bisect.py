@@ -43,7 +43,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.pairing import Pairing
 from benches.options import ProcessOptions
-from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import git, resolve_commit, worktree
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
@@ -439,14 +439,15 @@ class Measure:
         opts = self.bisect.options
         utilization = UtilizationProbe(opts.sample_hz_for(self.suite))
         timeout = opts.timeout_for(self.suite)
-        runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
-                                      trainer_command, cwd=self.good_tree),
-                   "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
-                                      trainer_command, cwd=tree)}
-        pairing = Pairing(runners, step_design(opts.max_repeats, opts.alpha, threshold), self.bisect.say,
-                          names={"ref": "good", "new": commit.short})
-        return pairing.measure(self.index, self.point, records, self.machine.gpu_uuids(self.point.config),
-                               time.monotonic() + opts.budget_s)
+        with Launcher(opts.launch, self.good_tree) as good, Launcher(opts.launch, tree) as probed:
+            runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
+                                          trainer_command, good),
+                       "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,
+                                          trainer_command, probed)}
+            pairing = Pairing(runners, step_design(opts.max_repeats, opts.alpha, threshold), self.bisect.say,
+                              names={"ref": "good", "new": commit.short})
+            return pairing.measure(self.index, self.point, records, self.machine.gpu_uuids(self.point.config),
+                                   time.monotonic() + opts.budget_s)
 
 
 # ---- command line -------------------------------------------------------------------------------------------

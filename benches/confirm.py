@@ -23,7 +23,7 @@ from rich.console import Console
 
 from benches.pairing import Pairing
 from benches.options import ProcessOptions
-from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
 from benches.worktrees import resolve_commit, worktree
 from decisions import changepoints
@@ -110,6 +110,7 @@ class Confirm:
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
         with worktree(commits["ref"], self.say) as ref_tree, worktree(commits["new"]) as new_tree, \
+                Launcher(opts.launch, ref_tree) as ref_launcher, Launcher(opts.launch, new_tree) as new_launcher, \
                 Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():
@@ -120,8 +121,8 @@ class Confirm:
                                                  f"confirm {change.point} at {change.run_id}: {tree_commit[:10]}")
             self.say(f"confirming {name} ({change.sentence()}): {commits['ref'][:10]} against {commits['new'][:10]}")
             runners = {side: PointRunner(opts.out_dir / created[side], design.max_pairs, opts.timeout_s,
-                                         UtilizationProbe(0), trainer_command, cwd=tree)
-                       for side, tree in (("ref", ref_tree), ("new", new_tree))}
+                                         UtilizationProbe(0), trainer_command, launcher)
+                       for side, launcher in (("ref", ref_launcher), ("new", new_launcher))}
             records = {side: PointRecord(point.key, config, "ok", utc_now(), 0.0) for side in runners}
             try:
                 verdict = Pairing(runners, design, self.say).measure(0, point, records,

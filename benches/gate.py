@@ -26,7 +26,7 @@ from benches.night import BUDGET_S, MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, S
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peaks import fill_missing
-from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -81,7 +81,9 @@ class Gate:
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with MeasurementLock() as lock, worktree(commit, self.say) as tree:
+        with MeasurementLock() as lock, worktree(commit, self.say) as tree, \
+                Launcher(opts.launch, tree) as baseline, Launcher(opts.launch) as working:
+            launchers = {"ref": baseline, "new": working}
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
                 def create(stage: str) -> None:
@@ -97,7 +99,7 @@ class Gate:
 
                 def runners(stage: str) -> dict[str, PointRunner]:
                     return {side: PointRunner(opts.out_dir / self.runs[(stage, side)], plan.max_pairs, timeout,
-                                              utilization, trainer_command, cwd=tree if side == "ref" else None)
+                                              utilization, trainer_command, launchers[side])
                             for side in SIDES}
 
                 def record(stage: str, side: str, point_record: PointRecord) -> None:

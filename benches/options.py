@@ -13,6 +13,7 @@ from typing import Any
 from benches import suite as suites
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_BUDGET_S, DEFAULT_MAX_REPEATS
+from rlperf.forkserver import LAUNCHES
 from rlperf.layout import DEFAULT_OUT
 from rlperf.machine import Machine
 
@@ -34,6 +35,7 @@ class ProcessOptions:
     threshold: float | None = DEFAULT_THRESHOLD  # None: the command's own rule (bisect's, from BAD's slowdown)
     alpha: float = DEFAULT_ALPHA
     wait: bool = True  # for another measurement on this machine; False refuses instead
+    launch: str = LAUNCHES[0]  # how a trainer process starts (benches/runner.py Launcher)
     fail_on_inconclusive: bool = False
 
     @classmethod

@@ -1,5 +1,6 @@
-"""Runs one suite point: R repeats of `python -m rlperf train`, each a fresh process with its own timeout,
-its output kept in a log file, and utilization sampled around it.
+"""Runs one suite point: R repeats of `python -m rlperf train`, each a process of its own with its own timeout,
+its output kept in a log file, and utilization sampled around it. A repeat's process is forked from a warm
+interpreter that has imported torch (rlperf/forkserver.py), or started fresh: `Launcher`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rlperf.store import PointRecord, utc_now
 from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
+from rlperf.forkserver import ForkedChild, ForkServer, ServerGone, forkable
 from rlperf.processes import signal_name, spawn
 
 REASON_LINES = 8
@@ -78,17 +80,78 @@ class UtilizationProbe:
         return sampler
 
 
+class Launcher:
+    """Where and how one checkout's repeats start: in `cwd` (another checkout's code is imported from there),
+    forked from one warm interpreter kept for every runner given this launcher (`method` "forked"), or as fresh
+    interpreters ("fresh"). A forked start that cannot be had (a command not of this interpreter, a server that
+    refuses or dies starting) is a fresh one, and the repeat's log says why."""
+
+    def __init__(self, method: str = "forked", cwd: Path | None = None):
+        self.method = method
+        self.cwd = cwd
+        self.server: ForkServer | None = None
+        self.refused: str | None = None
+
+    def __enter__(self) -> "Launcher":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def prepare(self, command: list[str]) -> ForkServer | None:
+        """The server that will fork `command`, started (its imports done) on first use; None for a fresh start.
+        Called before a repeat's accounts open: the server's imports are neither the trainer's nor another
+        program's."""
+        if self.method != "forked" or not forkable(command) or self.refused is not None:
+            return None
+        if self.server is None:
+            try:
+                server = ForkServer(self.cwd)
+            except ServerGone as gone:
+                self.refused = str(gone)
+                return None
+            if server.refused:
+                self.refused = f"the fork server refused: {server.refused}"
+                server.close()
+                return None
+            self.server = server
+        return self.server
+
+    def start(self, server: ForkServer | None, command: list[str], log,
+              log_path: Path) -> ForkedChild | subprocess.Popen:
+        """The repeat's process, in a session of its own (a timeout ends it and any ranks it started together),
+        dying with this harness (through `spawn`, or with its server), its output in `log`."""
+        if server is not None:
+            return server.start(command, log_path)
+        if self.method == "forked" and self.refused:
+            log.write(f"started fresh: {self.refused}\n")
+            log.flush()
+        return spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     start_new_session=True, cwd=self.cwd)
+
+    def gone(self) -> None:
+        """The server died: the next repeat starts another."""
+        self.close()
+
+
 class PointRunner:
-    """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer)."""
+    """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer), `launcher`
+    where and how (default: forked, in this process's directory)."""
 
     def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
-                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command, cwd: Path | None = None):
-        self.run_dir = run_dir.absolute()  # the paths it hands the trainer must hold in another `cwd` too
-        self.cwd = cwd  # where the trainer runs: another checkout's code is imported from there
+                 command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command,
+                 launcher: Launcher | None = None):
+        self.run_dir = run_dir.absolute()  # the paths it hands the trainer must hold in another checkout too
         self.repeats = repeats
         self.timeout_s = timeout_s
         self.utilization = utilization
         self.command_for = command_for
+        self.launcher = launcher or Launcher()
 
     def point_dir(self, index: int, point: Point) -> Path:
         slug = "".join(c if c.isalnum() or c in "._" else "-" for c in point.label.replace(" ", "_"))
@@ -116,18 +179,17 @@ class PointRunner:
         summary_path.unlink(missing_ok=True)
         config = repeat_config(point.config, repeat)
         command = self.command_for(config, summary_path)
+        server = self.launcher.prepare(command)
         sampler = self.utilization.start(gpu_uuids)
         monitor = InterferenceMonitor(gpu_uuids)
         timed_out = False
+        child = None
         monitor.start()
         try:
             with open(log_path, "w") as log:
                 log.write("$ " + " ".join(command) + "\n")
                 log.flush()
-                # A session of its own lets a timeout end the trainer and any ranks it started, together; spawn
-                # makes the trainer die with this harness, and the trainer's ranks die with it.
-                child = spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              start_new_session=True, cwd=self.cwd)
+                child = self.launcher.start(server, command, log, log_path)
                 try:
                     child.wait(timeout=self.timeout_s)
                 except subprocess.TimeoutExpired:
@@ -136,9 +198,12 @@ class PointRunner:
                     if child.returncode is None:
                         os.killpg(child.pid, signal.SIGKILL)
                         child.wait()
+        except ServerGone as gone:  # the trainer died with it
+            self.launcher.gone()
+            return "failed", str(gone), None
         finally:
             rows = sampler.stop() if sampler is not None else []
-            interference = monitor.stop(rows)
+            interference = monitor.stop(rows, child.cpu_seconds if isinstance(child, ForkedChild) else 0.0)
             record.utilization += [(repeat, *row) for row in rows]
 
         if timed_out:
@@ -152,7 +217,7 @@ class PointRunner:
         mismatch = config_mismatch(config, summary.get("config", {}))
         if mismatch:
             return "failed", mismatch, None
-        summary["interference"] = interference
+        summary["interference"] = {**interference, "launch": "forked" if server is not None else "fresh"}
         return "ok", None, summary
 
 

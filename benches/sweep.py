@@ -21,7 +21,7 @@ from rich.table import Table
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.peaks import fill_missing
-from benches.runner import PointRunner, UtilizationProbe, trainer_command
+from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
 from decisions.intervals import fewest_repeats
 from decisions.rundata import summarize_points
@@ -144,10 +144,16 @@ class Sweep:
         opts = self.options
         todo = [(index, point) for index, point in enumerate(suite.points) if point.key not in done]
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
-        runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_for(suite),
-                             utilization, self.command_for)
         if not todo:
             return
+        with Launcher(opts.launch) as launcher:
+            runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_for(suite),
+                                 utilization, self.command_for, launcher)
+            self.measure_points(store, run_id, suite, machine, todo, runner, utilization)
+
+    def measure_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine,
+                       todo: list[tuple[int, suites.Point]], runner: PointRunner,
+                       utilization: UtilizationProbe) -> None:
         reported_unavailable = False
         started = time.monotonic()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -4,8 +4,8 @@ A figure is only as good as the quiet around it. On a 2-core machine a neighbour
 the trainer's OpenMP threads spin against it, and the trainer runs many times slower with nothing in its
 own figures saying why. So every repeat is bracketed by the kernel's accounts:
 
-- the trainer's CPU seconds (the harness's waited-for children, so ranks it started count too), against its
-  wall time and the cores it was given;
+- the trainer's CPU seconds (the harness's waited-for children, so ranks it started count too, or what the fork
+  server that forked it reports), against its wall time and the cores it was given;
 - the machine's busy CPU seconds, less the trainer's and the harness's own: what other processes used;
 - steal time (a hypervisor giving the virtual CPUs to another guest) and the load average;
 - on GPUs, the processes of other programs that NVML lists as computing (or drawing) on the run's devices,
@@ -70,11 +70,12 @@ class InterferenceMonitor:
         self._children = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
         self._self = cpu_seconds(resource.getrusage(resource.RUSAGE_SELF))
 
-    def stop(self, utilization_rows: list[tuple] = ()) -> dict[str, Any]:
-        """The repeat's account; `utilization_rows` are the sampler's (t_ns, source, metric, value) rows."""
+    def stop(self, utilization_rows: list[tuple] = (), forked_cpu_s: float = 0.0) -> dict[str, Any]:
+        """The repeat's account; `utilization_rows` are the sampler's (t_ns, source, metric, value) rows,
+        `forked_cpu_s` the CPU seconds of a trainer another process forked and waited for (rlperf/forkserver.py)."""
         wall = max(time.monotonic() - self._wall, 1e-9)
         machine = psutil.cpu_times()
-        children = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - self._children
+        children = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - self._children + forked_cpu_s
         own = cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)) - self._self
         trainer, harness = (own + children, 0.0) if self.in_process else (children, own)
         busy = busy_seconds(machine) - busy_seconds(self._machine)

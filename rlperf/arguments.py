@@ -8,6 +8,8 @@ import math
 import re
 from collections.abc import Callable
 
+from rlperf.forkserver import LAUNCHES
+
 # A repeat longer than a day is a hung process, not a measurement; a sampler above 100 Hz measures itself
 # (each NVML PCIe reading blocks 20 ms) and floods the store.
 MAX_TIMEOUT_S = 86400.0
@@ -121,7 +123,7 @@ def add_label(parser: argparse.ArgumentParser, default_text: str) -> None:
 
 
 def add_process_options(parser: argparse.ArgumentParser, scope: str) -> None:
-    """--device, --timeout, --sample-hz and --no-wait, as every command that runs a suite's trainer processes
+    """--device, --timeout, --sample-hz, --no-wait and --launch, as every command that runs a suite's trainer processes
     takes them; `scope` names what --device moves ("every point", "the point")."""
     parser.add_argument("--device", type=device_choice,
                         help=f"run {scope} on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
@@ -131,3 +133,6 @@ def add_process_options(parser: argparse.ArgumentParser, scope: str) -> None:
                         help=f"utilization samples per second around each process, 0 for none, at most "
                              f"{MAX_SAMPLE_HZ:g} (default: the suite's `sample_hz`)")
     add_no_wait(parser)
+    parser.add_argument("--launch", choices=LAUNCHES, default=LAUNCHES[0],
+                        help="how each trainer process starts: forked from an interpreter that has imported torch "
+                             "(saves each process the imports), or fresh (default forked)")

@@ -98,7 +98,8 @@ def wait_for_a_trainer_after_a_stored_point(sweep: subprocess.Popen, store_path:
                     stored = store.row_counts()["points"]
             except BadInput:  # the sweep has made the file and not yet its schema
                 stored = 0
-            if stored and any("train" in cmdline(child) for child in psutil.Process(sweep.pid).children(recursive=True)):
+            if stored and any("train" in cmdline(child) or name(child) == "rlperf train"
+                              for child in psutil.Process(sweep.pid).children(recursive=True)):
                 return
         time.sleep(0.05)
     raise AssertionError("no trainer in flight after a stored point within three minutes")
@@ -109,6 +110,14 @@ def cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.NoSuchProcess:
         return []
+
+
+def name(process: psutil.Process) -> str:
+    """The process's title: a forked trainer's is `rlperf train` (rlperf/forkserver.py)."""
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 @pytest.mark.slow

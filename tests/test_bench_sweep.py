@@ -251,11 +251,12 @@ def stored_points(store_path) -> int:
 
 
 def trainer_processes(harness_pid: int) -> list[psutil.Process]:
-    """The harness's `rlperf train` children (not its utilization sampler or other helpers)."""
+    """The harness's `rlperf train` descendants, started fresh or forked (titled so by the fork server), not
+    its utilization sampler, fork server or other helpers."""
     found = []
     for child in psutil.Process(harness_pid).children(recursive=True):
         try:
-            if "train" in child.cmdline():
+            if "train" in child.cmdline() or child.name() == "rlperf train":
                 found.append(child)
         except psutil.NoSuchProcess:  # a repeat that ended between listing and reading
             continue
