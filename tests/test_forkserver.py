@@ -23,7 +23,7 @@ from benches.runner import Launcher, PointRunner, UtilizationProbe
 from benches.suite import Point
 from reference_trainer.config import TrainConfig
 from rlperf.forkserver import ForkServer, ServerGone, forkable
-from tests.test_processes import still_running
+from test_processes import still_running
 
 # A module the children run, in the server's directory: it says what it sees, then does what it is told.
 PROBE = textwrap.dedent("""
