@@ -36,6 +36,7 @@ class RunSummary:
     warmup_seconds: float
     compile_seconds: float
     env_start_seconds: float
+    setup_seconds: dict[str, float]
     wall_seconds: float
     steps: int
     steady_steps: int
@@ -63,7 +64,7 @@ class RunSummary:
 
     @classmethod
     def of_run(cls, cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float, warmup_seconds: float,
-               compile_seconds: float, env_start_seconds: float, dtype_used: torch.dtype, device: torch.device,
+               compile_seconds: float, setup_seconds: dict[str, float], dtype_used: torch.dtype, device: torch.device,
                steady_window_unix_ns: list[int], h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
                profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
         """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
@@ -84,7 +85,8 @@ class RunSummary:
             sps_end_to_end=steps / wall_seconds,
             warmup_seconds=warmup_seconds,
             compile_seconds=compile_seconds,
-            env_start_seconds=env_start_seconds,
+            env_start_seconds=setup_seconds["envs"],
+            setup_seconds=setup_seconds,
             wall_seconds=wall_seconds,
             steps=steps,
             steady_steps=steady_steps,

@@ -16,6 +16,21 @@ import torch
 from reference_trainer.config import PHASES
 
 
+class SetupClock:
+    """The seconds from the trainer's start to its first epoch, by what they went on: `lap(name)` charges the
+    time since the previous lap to `name`. A host clock: setting up is the host's work (a CUDA context, the
+    libraries, the copies of the weights), and whatever it queues on a GPU is waited for in the first epoch."""
+
+    def __init__(self, start: float):
+        self.seconds: dict[str, float] = {}
+        self._last = start
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 class PhaseTimer:
     def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float]):
         self.enabled = enabled

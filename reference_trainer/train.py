@@ -29,7 +29,7 @@ from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
 from reference_trainer.stepping import env_stepper
 from reference_trainer.summary import RunSummary
-from reference_trainer.timing import PhaseTimer
+from reference_trainer.timing import PhaseTimer, SetupClock
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
 from reference_trainer.work import count_work
 from rlperf.cpus import usable_cores
@@ -55,7 +55,9 @@ def train(cfg: TrainConfig, rank: Rank | None = None, on_epoch: Callable[[dict],
         # torch's default (one thread per physical core it may run on) does not know a container's CPU quota
         torch.set_num_threads(cfg.threads or min(torch.get_num_threads(), usable_cores()))
         torch.manual_seed(cfg.seed)
-        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start)
+        setup = SetupClock(process_start)
+        setup.lap("device")
+        trainer = Trainer(cfg, device, rank, compute_stream, copy_delay_cycles, process_start, setup)
         epochs = []
         for epoch in range(cfg.num_epochs):  # or fewer, once a steady window of steady_seconds is full
             if cfg.cuda_graphs and epoch == cfg.warmup_epochs - 1:
@@ -86,18 +88,17 @@ class Trainer:
     the minibatch update are separate objects that read and write only preallocated tensors: they can be
     compiled and captured as CUDA graphs, and they hold no reference back to the trainer."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, rank: Rank,
-                 compute_stream: torch.cuda.Stream | None, copy_delay_cycles: int, process_start: float):
+    def __init__(self, cfg: TrainConfig, device: torch.device, rank: Rank, compute_stream: torch.cuda.Stream | None,
+                 copy_delay_cycles: int, process_start: float, setup: SetupClock):
         self.cfg, self.device, self.rank, self.process_start = cfg, device, rank, process_start
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
         n = cfg.envs_per_rank
-        env_start = time.perf_counter()
         self.envs = [make_env(cfg, n // cfg.env_groups, rank.rank * n + g * (n // cfg.env_groups), device)
                      for g in range(cfg.env_groups)]
         self.env_on_device = cfg.env == "synthetic-device"
-        self.env_start_seconds = time.perf_counter() - env_start
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1) for env in self.envs]
+        setup.lap("envs")
         # whether launch_step returns before its actions are ready (rollout says why the order depends on it)
         self.launches_queue_up = cfg.non_blocking
         env = self.envs[0]
@@ -109,6 +110,7 @@ class Trainer:
                                parameters, env.next_step_reset, str(self.dtype_used).removeprefix("torch."),
                                torch.get_num_threads(), written_out=device.type == "cpu" and not cfg.compile
                                and self.dtype_used == torch.float32)
+        setup.lap("model")
 
         steps = [PolicyStep(self.policy, view, autocast, cfg.lstm, self.experience.step_noise if g == 0 else None,
                             rank.rank, rank.world_size)
@@ -126,12 +128,13 @@ class Trainer:
         self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
+        setup.lap("optimizer")
         T = cfg.horizon
-        env_start = time.perf_counter()
         first = [env.reset() for env in self.envs]
         self.experience.obs[T].copy_(torch.cat(first) if self.env_on_device else torch.from_numpy(np.concatenate(first)))
-        self.env_start_seconds += time.perf_counter() - env_start
         self.experience.starts[T].fill_(1.0)
+        setup.lap("envs")
+        self.setup_seconds = setup.seconds
 
     def capture(self) -> None:
         """Replaces the eager steps and update with CUDA graphs before the last warm-up epoch (validate() asks
@@ -343,7 +346,7 @@ class Trainer:
         return RunSummary.of_run(
             self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
             compile_seconds=self.calls.compile_seconds,
-            env_start_seconds=self.env_start_seconds, dtype_used=self.dtype_used, device=self.device,
+            setup_seconds=self.setup_seconds, dtype_used=self.dtype_used, device=self.device,
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
             h2d_bytes_per_step=0 if self.env_on_device else self.experience.h2d_bytes_per_step, work=self.work,
             parameters=sum(p.numel() for p in self.policy.parameters()), profiler=self.profiler,

@@ -11,6 +11,7 @@ from reference_trainer.config import ConfigError, TrainConfig, from_dict, valida
 from reference_trainer.devices import Rank
 from reference_trainer.envs import CatchEnv, SyntheticEnv
 from reference_trainer.policy import Policy
+from reference_trainer.timing import SetupClock
 from reference_trainer.train import Trainer, train
 
 PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="cnn", num_envs=4, horizon=4,
@@ -20,7 +21,7 @@ PIXELS = dict(env="synthetic", obs_shape="4,84,84", obs_dtype="uint8", encoder="
 
 def test_pixels_stay_uint8_from_the_env_to_the_minibatch():
     cfg = validate(TrainConfig(**PIXELS))
-    trainer = Trainer(cfg, torch.device("cpu"), Rank(), None, 0, time.perf_counter())
+    trainer = Trainer(cfg, torch.device("cpu"), Rank(), None, 0, time.perf_counter(), SetupClock(time.perf_counter()))
     frame = (4, 84, 84)
     assert trainer.experience.obs.dtype == torch.uint8 and trainer.experience.obs.shape == (5, 4, *frame)
     assert trainer.experience.step_obs.dtype == torch.uint8 and trainer.experience.step_obs.shape == (4, *frame)

@@ -21,6 +21,7 @@ from benches.options import ProcessOptions
 from benches.sweep import Sweep
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.devices import Rank
+from reference_trainer.timing import SetupClock
 from reference_trainer.train import Trainer
 from reports import roofline
 from reports.render import render
@@ -50,7 +51,8 @@ def trainer(**settings) -> Trainer:
     if values["env"] != "synthetic":
         values.pop("obs_size")
     torch.manual_seed(0)
-    return Trainer(validate(TrainConfig(**values)), torch.device("cpu"), Rank(), None, 0, time.perf_counter())
+    return Trainer(validate(TrainConfig(**values)), torch.device("cpu"), Rank(), None, 0, time.perf_counter(),
+                   SetupClock(time.perf_counter()))
 
 
 def flops(fn) -> int:

@@ -139,6 +139,17 @@ def test_phases_cover_the_epoch_and_the_summary_has_its_fields():
     json.dumps(summary)
 
 
+def test_the_setup_stages_tile_the_time_before_the_first_epoch():
+    summary = train(small())
+    setup = summary["setup_seconds"]
+    assert list(setup) == ["device", "envs", "model", "optimizer"] and min(setup.values()) >= 0
+    assert summary["env_start_seconds"] == setup["envs"]
+    first = summary["epochs"][0]
+    before_first_epoch = first["end_seconds"] - first["seconds"]
+    # nothing between the last stage and the first epoch but starting its clock
+    assert 0 <= before_first_epoch - sum(setup.values()) < 0.1
+
+
 def test_injected_delay_lands_in_its_phase():
     from reference_trainer.selfcheck import median_phase_seconds
 
