@@ -2,7 +2,8 @@
 knows of earlier runs on this machine; and, after, how far off that was.
 
 A process of a point is forecast to cost the median wall of the newest processes of that point (the same point
-key, every setting both configs have equal) on the same machine fingerprint: the harness's wall around the
+key, every setting both configs have equal) on the same machine fingerprint, started the same way (forked or
+fresh, benches/runner.py Launcher: a fresh one also pays for its imports): the harness's wall around the
 process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
 store has not run on this machine costs the median process of this machine; on a machine the store does not
 know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
@@ -85,11 +86,12 @@ class Forecast:
                 f"{duration(self.confirm_max_s)} forecast); the night {duration(elapsed_s)} in all")
 
 
-def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, budget_s: float) -> Forecast:
-    """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, judged
-    by `plan` with `budget_s` for the confirmation."""
+def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, budget_s: float,
+            launch: str) -> Forecast:
+    """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, its
+    processes started as `launch` says, judged by `plan` with `budget_s` for the confirmation."""
     points = list(points)
-    walls = process_walls(store, machine_key, points)
+    walls = process_walls(store, machine_key, points, launch)
     every = [wall for found in walls.values() for wall in found]
     if every:
         fallback_s, fallback = median(every), f"this machine's median process ({median(every):.0f} s)"
@@ -107,8 +109,9 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
     return Forecast(costs, plan.screen_pairs, confirm_max, fallback, refine)
 
 
-def process_walls(store: Store, machine_key: str, points: list[Point]) -> dict[str, list[float]]:
-    """Per point key, the walls of the newest stored processes of that point on this machine."""
+def process_walls(store: Store, machine_key: str, points: list[Point], launch: str) -> dict[str, list[float]]:
+    """Per point key, the walls of the newest stored processes of that point on this machine started as `launch`
+    says."""
     walls: dict[str, list[float]] = {point.key: [] for point in points}
     wanted = {point.key: point.config for point in points}
     runs = store.runs()
@@ -121,7 +124,7 @@ def process_walls(store: Store, machine_key: str, points: list[Point]) -> dict[s
             key = sample.point_key
             if key not in wanted or key not in configs or len(walls[key]) >= RECENT_PROCESSES:
                 continue
-            if not same_settings(wanted[key], configs[key]):
+            if not same_settings(wanted[key], configs[key]) or process_launch(sample.summary) != launch:
                 continue
             wall = process_wall(sample.summary)
             if wall is not None:
@@ -137,6 +140,11 @@ def other_machine_walls(store: Store, machine_key: str) -> bool:
 def same_settings(wanted: dict[str, Any], stored: dict[str, Any]) -> bool:
     """Every setting both configs have is equal: a field added to the trainer since does not hide the history."""
     return all(wanted[name] == stored[name] for name in wanted.keys() & stored.keys())
+
+
+def process_launch(summary: dict[str, Any]) -> str:
+    """How a stored process started; those stored before the harness recorded it started fresh."""
+    return (summary.get("interference") or {}).get("launch", "fresh")
 
 
 def process_wall(summary: dict[str, Any]) -> float | None:

@@ -110,7 +110,8 @@ class Gate:
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
                 predicted = forecast.predict(store, machine_key(current), [p for p in suite.points if
-                                             machine.skip_reason(p.config) is None], plan, opts.budget_s)
+                                             machine.skip_reason(p.config) is None], plan, opts.budget_s,
+                                             opts.launch)
                 for line in predicted.lines():
                     self.say(line)
                 started = time.monotonic()

@@ -125,7 +125,7 @@ def main() -> None:
             record.samples = [(0, process)]
             store.record_point(run_id, record)
         store.finish_run(run_id, "complete")
-        night = forecast.predict(store, MACHINE, points, plan, args.budget_s)
+        night = forecast.predict(store, MACHINE, points, plan, args.budget_s, launch="fresh")  # as the H100's were
     median_process = statistics.median(cost.process_s for cost in night.points)
     confirm_s = 2 * args.pairs_confirmed * median_process
     refine_s = 2 * plan.refine_pairs * plan.refine_points * median_process if plan.refine_pairs else 0.0

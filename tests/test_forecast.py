@@ -31,11 +31,16 @@ def points(tmp_path):
     return list(suites.load(str(path)).points)
 
 
-def store_run(store: Store, machine: str, records: list[tuple[suites.Point, list[float], dict]]) -> str:
+def store_run(store: Store, machine: str, records: list[tuple[suites.Point, list[float], dict]],
+              launch: str | None = None) -> str:
+    """A run of `records` (point, process walls, settings changed); `launch` None stores processes as the
+    harness did before it recorded how they started."""
     run_id = store.create_run("three", "hash", {}, machine)
+    account = {} if launch is None else {"launch": launch}
     for point, walls, changed in records:
         record = PointRecord(point.key, {**point.config, **changed}, "ok", "now", sum(walls))
-        record.samples = [(repeat, {"sps": 1.0, "wall_seconds": wall - 2, "interference": {"wall_s": wall}})
+        record.samples = [(repeat, {"sps": 1.0, "wall_seconds": wall - 2,
+                                    "interference": {"wall_s": wall, **account}})
                           for repeat, wall in enumerate(walls)]
         store.record_point(run_id, record)
     store.finish_run(run_id, "complete")
@@ -55,7 +60,7 @@ def test_a_point_costs_the_median_of_its_own_processes_on_this_machine_and_an_un
         store_run(store, "m2", [(thirty_two, [500.0], {}), (eight, [500.0], {})])
         store_run(store, "m1", [(sixteen, [900.0], {"horizon": 4})])
         found = forecast.predict(store, "m1", points, plan(screen_pairs=3, max_suspects=1, refine_points=1,
-                                                           max_repeats=10), 1e6)
+                                                           max_repeats=10), 1e6, launch="fresh")
     assert [cost.process_s for cost in found.points] == [12.0, 20.5, 20.0]  # 20.0: the median of all five here
     assert [cost.known_from for cost in found.points] == [3, 2, 0]
     assert found.screen_s == pytest.approx(6 * (12.0 + 20.5 + 20.0))
@@ -70,11 +75,23 @@ def test_a_point_costs_the_median_of_its_own_processes_on_this_machine_and_an_un
                                 "num_envs=32")
 
 
+def test_a_night_is_forecast_from_processes_started_as_its_own_will_be(tmp_path, points):
+    eight = points[0]
+    with Store.open(tmp_path / "results.sqlite") as store:
+        store_run(store, "m1", [(eight, [3.0, 3.2], {})])  # before the launch was recorded: fresh
+        store_run(store, "m1", [(eight, [3.4], {})], launch="fresh")
+        store_run(store, "m1", [(eight, [0.4, 0.5, 0.6], {})], launch="forked")
+        forked = forecast.predict(store, "m1", points[:1], plan(), budget_s=600.0, launch="forked")
+        fresh = forecast.predict(store, "m1", points[:1], plan(), budget_s=600.0, launch="fresh")
+    assert (forked.points[0].process_s, forked.points[0].known_from) == (0.5, 3)
+    assert (fresh.points[0].process_s, fresh.points[0].known_from) == (3.2, 3)
+
+
 def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
-        empty = forecast.predict(store, "m1", points, plan(), budget_s=600.0)
+        empty = forecast.predict(store, "m1", points, plan(), budget_s=600.0, launch="fresh")
         store_run(store, "m2", [(points[0], [5.0], {})])
-        elsewhere = forecast.predict(store, "m1", points, plan(), budget_s=600.0)
+        elsewhere = forecast.predict(store, "m1", points, plan(), budget_s=600.0, launch="fresh")
     for found, why in ((empty, "an empty store"), (elsewhere, "nothing stored on this machine")):
         assert all(cost.process_s == forecast.DEFAULT_PROCESS_S and cost.known_from == 0 for cost in found.points)
         assert f"the default {forecast.DEFAULT_PROCESS_S:.0f} s a process ({why})" in found.lines()[0]
@@ -84,7 +101,8 @@ def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default
 def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
         store_run(store, "m1", [(point, [10.0], {}) for point in points])
-        found = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), budget_s=600.0)
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), budget_s=600.0,
+                                 launch="fresh")
         assert found.screen_s == pytest.approx(120.0)
         assert found.refine_s == pytest.approx((2 * REFINE_PAIRS * 20.0,) * 2)
         runs = {("screen", "ref"): store_run(store, "m1", [(point, [11.0, 11.0], {}) for point in points]),
@@ -101,7 +119,7 @@ def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_
 
 def test_a_gate_without_a_refinement_forecasts_none(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
-        found = forecast.predict(store, "m1", points, plan(refine_points=0), budget_s=600.0)
+        found = forecast.predict(store, "m1", points, plan(refine_points=0), budget_s=600.0, launch="fresh")
     assert found.refine_s == (0.0, 0.0) and "refinement" not in found.lines()[0]
 
 
