@@ -52,8 +52,10 @@ class ServerGone(RuntimeError):
 
 
 def forkable(command: list[str]) -> bool:
-    """Whether `command` is this interpreter running a module, which a server can fork instead of starting."""
-    return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
+    """Whether `command` is this interpreter running a module, which a server can fork instead of starting (on
+    Linux, whose parent-death signal and process titles the children rely on)."""
+    return (sys.platform.startswith("linux") and len(command) >= 3 and command[0] == sys.executable
+            and command[1] == "-m")
 
 
 class ForkedChild:
