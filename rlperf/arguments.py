@@ -123,8 +123,8 @@ def add_label(parser: argparse.ArgumentParser, default_text: str) -> None:
 
 
 def add_process_options(parser: argparse.ArgumentParser, scope: str) -> None:
-    """--device, --timeout, --sample-hz, --no-wait and --launch, as every command that runs a suite's trainer processes
-    takes them; `scope` names what --device moves ("every point", "the point")."""
+    """--device, --timeout, --sample-hz, --no-wait and --launch, as every command that runs a suite's trainer
+    processes takes them; `scope` names what --device moves ("every point", "the point")."""
     parser.add_argument("--device", type=device_choice,
                         help=f"run {scope} on this device instead of the suite's: cpu, cuda, cuda:N, or auto "
                              "(the first GPU when there is one) (default: the suite's)")

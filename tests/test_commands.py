@@ -57,3 +57,16 @@ def test_the_options_record_is_built_from_each_commands_flags_and_defaults():
     assert bisect.threshold is None  # bisect's own rule: from BAD's slowdown
     bench = ProcessOptions.from_args(parser_of("bench").parse_args(["--repeats", "2", "--fail-on-inconclusive"]))
     assert bench.repeats == 2 and bench.fail_on_inconclusive and bench.suite == "smoke"
+    assert bench.launch == "forked" and gate.launch == "forked" and confirm.launch == "forked"
+
+
+@pytest.mark.parametrize("command", ["bench", "gate", "bisect"])
+def test_every_command_that_runs_a_suites_processes_starts_them_as_launch_says(command, capsys):
+    fresh = parser_of(command).parse_args([*REQUIRED[command], "--launch", "fresh"])
+    assert ProcessOptions.from_args(fresh).launch == "fresh"
+    with pytest.raises(SystemExit) as refused:
+        parser_of(command).parse_args([*REQUIRED[command], "--launch", "spawned"])
+    assert refused.value.code == 2
+    said = capsys.readouterr().err  # argparse's quoting of the choices differs between Python releases
+    assert said.startswith(f"rlperf {command}: error: argument --launch: invalid choice: 'spawned' (choose from ")
+    assert "forked" in said and "fresh" in said and said.count("\n") == 1
