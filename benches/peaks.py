@@ -123,7 +123,12 @@ def fill_missing(store, key: str, run_id: str, say: Callable[[str], None]) -> No
         say(f"{exc}; the report goes without its roofline ({again})")
         return
     store.add_peaks(key, rows, run_id)
-    say(f"peaks: measured {len(rows)} in {time.monotonic() - started:.1f} s" + busy_note(account, store.path))
+    from reports.formatting import fmt_peak
+
+    longest = max(rows, key=lambda row: row["method"]["seconds"])
+    what = " ".join(part for part in (fmt_peak(longest), longest["dtype"]) if part)
+    say(f"peaks: measured {len(rows)} in {time.monotonic() - started:.1f} s, the longest {what} "
+        f"({longest['method']['seconds']:.1f} s)" + busy_note(account, store.path))
 
 
 def watched(measuring: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -188,22 +193,29 @@ def measure(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kernels = [index for index, need in enumerate(needs) if need["op"] in peaks.KERNELS]
     for index, need in enumerate(needs):
         if index not in kernels:
-            rows[index] = row(need, *measure_one(need["op"], need["dtype"], need["shape"], ready(need)))
+            started = time.perf_counter()
+            value, samples, method = measure_one(need["op"], need["dtype"], need["shape"], ready(need))
+            rows[index] = row(need, value, samples, {**method, "seconds": time.perf_counter() - started})
     while kernels:
-        timers, held = {}, 0
+        timers, held, spent = {}, 0, {}
         while kernels and (not timers or held + kernel_bytes(needs[kernels[0]]) <= KERNEL_GROUP_BYTES):
             index = kernels.pop(0)
+            started = time.perf_counter()
             need, device = needs[index], ready(needs[index])
             held += kernel_bytes(need)
             timers[index] = Timer(kernel_call(need["op"], need["dtype"], need["shape"], device),
                                   peaks.kernel_flops(need["op"], need["shape"]), device, graphed=device.type == "cuda")
+            spent[index] = time.perf_counter() - started
         samples: dict[int, list[float]] = {index: [] for index in timers}
         for _ in range(TIMINGS):
             for index, timer in timers.items():
+                started = time.perf_counter()
                 ready(needs[index])
                 samples[index].append(timer.rate())
+                spent[index] += time.perf_counter() - started
         for index, timer in timers.items():
-            rows[index] = row(needs[index], *timer.result(samples[index]))
+            value, timed_samples, method = timer.result(samples[index])
+            rows[index] = row(needs[index], value, timed_samples, {**method, "seconds": spent[index]})
     return rows
 
 

@@ -73,8 +73,9 @@ def fmt_peak(row: dict) -> str:
 def fmt_method(method: dict) -> str:
     graphed = ", as a CUDA graph" if method.get("graphed") else ""
     calls = method["calls_per_timing"]
+    spent = f"; {method['seconds']:.2f} s in all" if "seconds" in method else ""  # absent in older stores
     return (f"median of {method['timings']} timings of {calls} call{'s' if calls > 1 else ''}, after "
-            f"{method['warmup_calls']} warm-up calls{graphed}")
+            f"{method['warmup_calls']} warm-up calls{graphed}{spent}")
 
 
 def fmt_detectable(fraction: float) -> str:

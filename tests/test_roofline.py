@@ -155,11 +155,15 @@ def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
              peaks.need("cpu", "cpu", 1, peaks.MEMORY, "", []), peaks.need("cpu", "cpu", 1, peaks.DISPATCH, "", []),
              peaks.need("cpu", "cpu", 1, "linear", "float32", [8, 16, 64]),
              peaks.need("cpu", "cpu", 1, "conv_backward", "float32", [2, 4, 40, 40, 4, 8, 4, 0])]
+    started = time.perf_counter()
     rows = probe.measure(needs)
+    elapsed = time.perf_counter() - started
     assert [row["op"] for row in rows] == [need["op"] for need in needs]
     for row in rows:
         assert len(row["samples"]) == probe.TIMINGS and row["value"] == pd.Series(row["samples"]).median()
         assert row["value"] > 0 and row["method"]["warmup_calls"] >= probe.MIN_WARMUP_CALLS
+        assert row["method"]["seconds"] >= probe.WARMUP_S  # what measuring it took, its warm-up at least
+    assert sum(row["method"]["seconds"] for row in rows) <= elapsed
     roof = rows[0]
     assert set(roof["method"]["sides"]) <= {64, 128} and roof["value"] == max(roof["method"]["sides"].values())
     assert rows[1]["method"]["bytes"] == 8 * 2**20
