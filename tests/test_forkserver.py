@@ -177,8 +177,9 @@ def test_forked_and_fresh_trainers_train_alike_and_the_account_says_how_each_sta
     forked, fresh = summaries["forked"], summaries["fresh"]
     assert forked["losses"] == fresh["losses"] and forked["episodes"] == fresh["episodes"]
     assert forked["interference"]["launch"] == "forked" and fresh["interference"]["launch"] == "fresh"
-    # the forked trainer's CPU time is the trainer's, not another program's
-    assert forked["interference"]["trainer_cpu_s"] > 0.1 and not forked["interference"]["contended"]
+    # the forked trainer's CPU time is the trainer's (its harness cannot wait for it: the server reports it), not
+    # another program's; whether the machine was quiet besides is the monitor's to say
+    assert forked["interference"]["trainer_cpu_s"] > 0.1
 
 
 @pytest.mark.gpu
