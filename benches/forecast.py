@@ -9,8 +9,8 @@ store has not run on this machine costs the median process of this machine; on a
 know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
 on top); its refinement 2 x refine_pairs processes of each of its leaders, which are not known before, so it is
 forecast between the cheapest and the costliest points; the confirmation costs nothing on a night without
-suspects and at most its budget, or its suspects' pairs if those cost less. Peaks are measured once per store
-and machine and are not counted.
+suspects and at most what the screen and refinement leave of the night, or its suspects' pairs if those cost
+less. Peaks are measured once per store and machine and are not counted.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class PointCost:
 class Forecast:
     points: tuple[PointCost, ...]
     screen_pairs: int
-    confirm_max_s: float  # the confirmation stage's ceiling: its budget, or every suspect's pairs if less
+    suspects_s: float  # every suspect's pairs at the costliest points: the most a confirmation could use
     fallback: str  # what a point the store does not know was taken to cost, in words
+    night_s: float  # the night, screen to confirmation
     refine_s: tuple[float, float] = (0.0, 0.0)  # the refinement at the cheapest and at the costliest leaders
 
     @property
@@ -55,19 +56,35 @@ class Forecast:
     def point_screen_s(self, point: PointCost) -> float:
         return 2 * self.screen_pairs * point.process_s
 
+    @property
+    def confirm_max_s(self) -> float:
+        """The confirmation stage's ceiling: what the night leaves after the screen and the cheapest refinement, or
+        every suspect's pairs if less."""
+        return max(0.0, min(self.suspects_s, self.night_s - self.screen_s - self.refine_s[0]))
+
+    @property
+    def overrun(self) -> bool:
+        """The screen and the costliest refinement may leave no time to confirm a suspect."""
+        return self.screen_s + self.refine_s[1] >= self.night_s
+
     def costliest(self, count: int = SHOWN_POINTS) -> list[PointCost]:
         return sorted(self.points, key=lambda point: -point.process_s)[:count]
 
     def lines(self) -> list[str]:
         known = sum(point.known_from > 0 for point in self.points)
-        low, high = self.screen_s + self.refine_s[0], self.screen_s + self.refine_s[1] + self.confirm_max_s
+        low = self.screen_s + self.refine_s[0]
+        high = max(self.screen_s + self.refine_s[1], min(self.night_s, low + self.confirm_max_s))
         refine = (f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; "
                   if self.refine_s[1] else "")
         out = [f"forecast: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
                f"processes; {known} of them from their own earlier processes here"
                + (f", the others at {self.fallback}" if known < len(self.points) else "") + f"); {refine}"
-               f"confirmation none without suspects, at most {duration(self.confirm_max_s)}: the night "
-               f"{duration(low)} to {duration(high)}"]
+               f"confirmation none without suspects, at most {duration(self.confirm_max_s)} (what the night of "
+               f"{duration(self.night_s)} leaves): the night {duration(low)} to {duration(high)}"]
+        if self.overrun:
+            out.append(f"forecast: the screen and refinement may take {duration(self.screen_s + self.refine_s[1])} "
+                       f"of the night's {duration(self.night_s)}, leaving suspects no time to be confirmed: raise "
+                       f"--night-s or lower --screen-pairs")
         out.append("forecast: costliest points: " + "; ".join(
             f"{point.label} {duration(self.point_screen_s(point))} ({point.process_s:.0f} s a process)"
             for point in self.costliest()))
@@ -86,10 +103,10 @@ class Forecast:
                 f"{duration(self.confirm_max_s)} forecast); the night {duration(elapsed_s)} in all")
 
 
-def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, budget_s: float,
+def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, night_s: float,
             launch: str) -> Forecast:
     """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, its
-    processes started as `launch` says, judged by `plan` with `budget_s` for the confirmation."""
+    processes started as `launch` says, judged by `plan` within `night_s` seconds."""
     points = list(points)
     walls = process_walls(store, machine_key, points, launch)
     every = [wall for found in walls.values() for wall in found]
@@ -102,11 +119,11 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
     costs = tuple(PointCost(point.label, median(walls[point.key]) if walls[point.key] else fallback_s,
                             len(walls[point.key])) for point in points)
     by_cost = sorted(cost.process_s for cost in costs)
-    confirm_max = min(budget_s, sum(2 * plan.max_pairs * process_s for process_s in by_cost[::-1][:plan.max_suspects]))
+    suspects = sum(2 * plan.max_pairs * process_s for process_s in by_cost[::-1][:plan.max_suspects])
     leaders = min(plan.refine_points, len(by_cost)) if plan.refine_pairs else 0
     refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]),
               2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
-    return Forecast(costs, plan.screen_pairs, confirm_max, fallback, refine)
+    return Forecast(costs, plan.screen_pairs, suspects, fallback, night_s, refine)
 
 
 def process_walls(store: Store, machine_key: str, points: list[Point], launch: str) -> dict[str, list[float]]:

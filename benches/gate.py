@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benches import forecast, suite as suites
-from benches.night import BUDGET_S, MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peaks import fill_missing
@@ -30,8 +30,8 @@ from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_comm
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import (add_alpha, add_budget, add_label, add_max_repeats, add_process_options, add_threshold,
-                              non_negative_int, positive_int)
+from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_label, add_max_repeats, add_process_options, add_threshold,
+                              non_negative_int, positive_int, timeout_seconds)
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -47,8 +47,9 @@ class Gate:
 
     def __init__(self, options: ProcessOptions, baseline: str, console: Console, screen_pairs: int = SCREEN_PAIRS,
                  max_suspects: int = MAX_SUSPECTS, summary: Path | None = None, machine: Machine | None = None,
-                 refine_points: int = REFINE_POINTS):
+                 refine_points: int = REFINE_POINTS, night_s: float = NIGHT_S):
         self.options = options
+        self.night_s = night_s
         self.baseline = baseline
         self.screen_pairs = screen_pairs
         self.max_suspects = max_suspects
@@ -110,7 +111,7 @@ class Gate:
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
                 predicted = forecast.predict(store, machine_key(current), [p for p in suite.points if
-                                             machine.skip_reason(p.config) is None], plan, opts.budget_s,
+                                             machine.skip_reason(p.config) is None], plan, self.night_s,
                                              opts.launch)
                 for line in predicted.lines():
                     self.say(line)
@@ -118,8 +119,7 @@ class Gate:
                 night = Night(plan, self.say)
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
-                              lambda p: machine.gpu_uuids(p.config), opts.budget_s,
-                              start_stage=create)
+                              lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
                     self.say(predicted.review(store, self.runs, time.monotonic() - started))
                     fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
@@ -173,18 +173,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"where the store ({STORE_FILE}), logs and the report go (default {DEFAULT_OUT}/)")
     add_process_options(parser, "every point")
-    add_budget(parser, "seconds for the confirmation of the suspects, shared among them", BUDGET_S)
+    parser.add_argument("--night-s", type=timeout_seconds, default=NIGHT_S, metavar="S",
+                        help=f"seconds of the whole night, screen to confirmation: the confirmation of the suspects "
+                             f"gets what the screen and refinement leave, above 0 and at most {MAX_TIMEOUT_S:g} "
+                             f"(default {NIGHT_S:g})")
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes every point gets in the screen, at least 2 (default {SCREEN_PAIRS})")
     parser.add_argument("--refine-points", type=non_negative_int, default=REFINE_POINTS, metavar="N",
                         help=f"the points with the strongest screen that get {REFINE_PAIRS} more pairs before the "
                              f"suspects are chosen; 0 chooses from the screen alone (default {REFINE_POINTS})")
     parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
-                        help=f"the suspects confirmed (the strongest evidence first), each at alpha / their number "
-                             f"(default {MAX_SUSPECTS})")
+                        help=f"the suspects confirmed, the strongest evidence first: the first at {LEAD_SHARE:.0%} of "
+                             f"alpha, the others splitting the rest, a claim passing its level on (default "
+                             f"{MAX_SUSPECTS})")
     add_max_repeats(parser, "at most N pairs in one suspect's confirmation")
-    add_threshold(parser, "a point is a suspect when its screen is slower than this: the smallest slowdown of SPS "
-                          "that counts", DEFAULT_THRESHOLD)
+    add_threshold(parser, "the smallest slowdown of SPS that counts: the screen weighs each point's pairs for a "
+                          "slowdown of twice this against none, and a confirmation stops a point shown not slower "
+                          "by this", DEFAULT_THRESHOLD)
     add_alpha(parser, "the chance of flagging any point on a night where nothing got slower", DEFAULT_ALPHA)
     add_label(parser, "gate")
     parser.add_argument("--summary", type=Path, metavar="PATH",
@@ -196,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
     gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
-                max_suspects=args.max_suspects, summary=args.summary, refine_points=args.refine_points)
+                max_suspects=args.max_suspects, summary=args.summary, refine_points=args.refine_points,
+                night_s=args.night_s)
     with stop_signals_interrupt():
         return gate.run()

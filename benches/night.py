@@ -20,13 +20,11 @@ from decisions import sequential
 from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
-# Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, the
-# night within an hour even when the 4 costliest points are the ones refined): 3 screen pairs a point, 2 more
-# for the 4 leaders, then 1,200 s to confirm, the strongest suspect at LEAD_SHARE of alpha, caught a lone 10%
-# slowdown on 94% of bad nights over two seeds (one seed: 95% against 93% with alpha split evenly, and 91% with
-# the clipped score at alpha / suspects); without the refinement and 1,600 s to confirm, 89% (the slowed point
-# ranked behind two others or under the bar on 9.5%); 4 screen pairs and 900 s, 80% (the screen took 43 minutes,
-# and the compiled points, a pair costing over a minute, could not reach a claim in what was left).
+# Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, in a
+# night of an hour): 3 screen pairs a point, 2 more for the 4 leaders, then what is left of the night to confirm,
+# the strongest suspect at LEAD_SHARE of alpha; README, "The gate", has the rates. Without the refinement, the
+# slowed point ranked behind two others or under the bar on 9.5% of bad nights; with 4 screen pairs the screen
+# took 43 minutes, and the compiled points, a pair costing over a minute, could not reach a claim in what was left.
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2
@@ -34,8 +32,9 @@ MAX_SUSPECTS = 2
 MIN_QUIET = 2
 # the screen weighs each point's evidence for a slowdown of this many thresholds against none
 SCREEN_TOWARD = 2.0
-# Seconds for the whole confirmation stage, shared among the suspects still to confirm.
-BUDGET_S = 1200.0
+# Seconds of the whole night, screen to confirmation: the confirmation gets what the screen and refinement leave,
+# shared among the suspects still to confirm.
+NIGHT_S = 3600.0
 # the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
 LEAD_SHARE = 0.8
 # the night's pair spread is taken at most this many times the spread within points (screening.night_scale)
@@ -70,11 +69,13 @@ class Night:
         self.plan = plan
         self.say = say
         self.rng = rng or random.Random()
-        self.clock = clock  # the seconds the confirmation's budget is on
+        self.clock = clock  # the seconds the night's time is on
 
     def run(self, points: list[suites.Point], runners: Runners, record: Record,
             skip_reason: Callable[[suites.Point], str | None], gpu_uuids: Callable[[suites.Point], list[str]],
-            budget_s: float, start_stage: Callable[[str], None] = lambda stage: None) -> list[rules.GateVerdict]:
+            night_s: float, start_stage: Callable[[str], None] = lambda stage: None) -> list[rules.GateVerdict]:
+        """The night's verdicts, its stages within `night_s` seconds: the confirmation gets what is left."""
+        started = self.clock()
         screen_records = self.screen(points, runners("screen"), record, skip_reason, gpu_uuids)
         screened = self.screened(screen_records, [])
         leaders = rules.leaders(screened, self.plan)
@@ -88,7 +89,8 @@ class Night:
             start_stage("confirm")
             pair_s = {r["new"].point_key: (r["new"].seconds + r["ref"].seconds) / max(1, len(r["new"].samples))
                       for r in screen_records}
-            confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, budget_s, pair_s)
+            left = started + night_s - self.clock()
+            confirmed = self.confirm(chosen, points, runners("confirm"), record, gpu_uuids, left, pair_s)
         return rules.verdicts(screened, confirmed, self.plan)
 
     def screen(self, points: list[suites.Point], sides: dict[str, PointRunner], record: Record,
@@ -162,7 +164,9 @@ class Night:
                 pair_s: dict[str, float] | None = None) -> dict[str, PointVerdict]:
         """Each suspect in turn until it decides or its share of the budget is spent: what is left less what the
         suspects after it need to reach their first look (at their screen's seconds a pair, and at the level they
-        have if nothing before them is claimed), and never less than an equal share of what is left."""
+        have if nothing before them is claimed), and never less than an equal share of what is left. A suspect
+        whose pair no longer fits in what is left is not started, and is not measured."""
+        pair_s = pair_s or {}
         unclaimed = [self.plan.confirmation(len(chosen), done) for done in range(len(chosen))]
         self.say(f"confirming {len(chosen)} suspect{'s' if len(chosen) > 1 else ''}, at alpha "
                  f"{', '.join(f'{d.alpha:.3g}' for d in unclaimed)}"
@@ -175,7 +179,11 @@ class Night:
             index, point = by_key[suspect.point_key]
             design = rules.confirmation_designs(chosen[:done + 1], confirmed, self.plan, len(chosen))[suspect.key]
             left = started + budget_s - self.clock()
-            reserve = sum(unclaimed[later].looks[0] * (pair_s or {}).get(chosen[later].point_key, 0.0)
+            if left <= 0 or left < pair_s.get(suspect.point_key, 0.0):
+                self.say(f"no time left to confirm {point.label}: {max(0.0, left):.0f} s of the night left, "
+                         f"{pair_s.get(suspect.point_key, 0.0):.0f} s a pair")
+                continue
+            reserve = sum(unclaimed[later].looks[0] * pair_s.get(chosen[later].point_key, 0.0)
                           for later in range(done + 1, len(chosen)))
             deadline = self.clock() + max(left / (len(chosen) - done), left - reserve)
             self.say(f"confirming {point.label} at alpha {design.alpha:.3g} (looks at "

@@ -11,8 +11,9 @@ night is caught when that point is `regressed` (which fails the job). Rates come
 intervals (scipy).
 
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
-studies/night_forecast.py models from the H100's measurements; or `--process-s`), so the confirmation's budget
-in seconds (`--budget-s`) cuts confirmations short as it would on the runner. On bad nights it says where the
+studies/night_forecast.py models from the H100's measurements; or `--process-s`), so the night's seconds
+(`--night-s`) cut confirmations short as they would on the runner. Each night draws from its own seed (`--seed`
+and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired. On bad nights it says where the
 slowed point went: caught, not a suspect in the screen, a suspect beyond those confirmed, or its confirmation's
 end (inconclusive at the budget or at its most pairs, short of its first look, stopped as not slower).
 """
@@ -32,7 +33,7 @@ import numpy as np
 from scipy import stats
 
 from benches import suite as suites
-from benches.night import BUDGET_S, LEAD_SHARE, MAX_SUSPECTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from studies import night_forecast
@@ -52,20 +53,22 @@ def rate(hits: int, trials: int) -> dict:
 
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
-             seed: int, walls: dict[str, float], process_s: float, budget_s: float) -> dict:
-    rng = np.random.default_rng(seed)
-    order = random.Random(seed)
-    machine = SimulatedMachine(noise, rng, walls=walls, process_s=process_s)
+             seed: int, walls: dict[str, float], process_s: float, night_s: float) -> dict:
+    machine = SimulatedMachine(noise, np.random.default_rng(seed), walls=walls, process_s=process_s)
     scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
-    night = Night(plan, say=lambda text: None, rng=order, clock=machine.clock)
+    night = Night(plan, say=lambda text: None, clock=machine.clock)
     outcome = {"null": Counter(), "slowed": Counter()}
     processes = {"null": [], "slowed": []}
     seconds = {"null": [], "slowed": []}
     lost = Counter()  # where the slowed point was lost on bad nights
+    by_point = {"nights": Counter(), "caught": Counter()}  # bad nights and catches, by the slowed point's label
     for index in range(nights):
         kind = "slowed" if index % 2 else "null"
-        machine.new_night()
+        # each night draws from its own seed, so gates simulated with the same seed meet the same nights
+        rng = np.random.default_rng([seed, index])
+        night.rng = random.Random(int(rng.integers(2 ** 63)))
         slowed = points[rng.integers(len(points))] if kind == "slowed" else None
+        machine.new_night(rng)
         machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
         count = [0]
         stage_started = {}
@@ -77,11 +80,11 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
             stage_started[stage] = machine.clock()
             return {side: machine.runner(side, scratch) for side in SIDES}
 
-        found = night.run(points, runners, record, lambda point: None, lambda point: [], budget_s)
+        found = night.run(points, runners, record, lambda point: None, lambda point: [], night_s)
         processes[kind].append(count[0])
         ends = list(stage_started.values())[1:] + [machine.clock()]  # each stage ends where the next starts
         seconds[kind].append({stage: end - start for (stage, start), end in zip(stage_started.items(), ends)})
-        by_point = {verdict.screen.point_key: verdict for verdict in found}
+        verdicts = {verdict.screen.point_key: verdict for verdict in found}
         regressed = [v for v in found if v.status == rules.REGRESSED]
         exit_code = rules.exit_code(found)
         tally = outcome[kind]
@@ -93,15 +96,17 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
             tally["false night"] += bool(regressed)
             tally["false claims"] += len(regressed)
         else:
-            caught = by_point[slowed.key].status == rules.REGRESSED
+            caught = verdicts[slowed.key].status == rules.REGRESSED
+            by_point["nights"][slowed.label] += 1
+            by_point["caught"][slowed.label] += caught
             strongest = max(found, key=lambda v: v.screen.evidence if math.isfinite(v.screen.evidence) else -math.inf)
             tally["slowed the strongest suspect"] += strongest.screen.point_key == slowed.key
-            lost[where_lost(by_point[slowed.key], found, plan)] += 1
+            lost[where_lost(verdicts[slowed.key], found, plan)] += 1
             tally["caught"] += caught
             tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
             tally["others claimed"] += sum(v.screen.point_key != slowed.key for v in regressed)
             if caught:
-                tally["estimate sum"] += by_point[slowed.key].confirmation.sps.relative
+                tally["estimate sum"] += verdicts[slowed.key].confirmation.sps.relative
     null, bad = outcome["null"], outcome["slowed"]
     return {
         "false night": rate(null["false night"], null["nights"]),
@@ -122,6 +127,8 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
         "refinement seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "refine"),
         "the slowed point on bad nights": {what: rate(hits, bad["nights"]) for what, hits in sorted(lost.items())},
+        "caught by the slowed point": {label: f"{by_point['caught'][label]} of {nights}"
+                                       for label, nights in sorted(by_point["nights"].items())},
     }
 
 
@@ -139,6 +146,8 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
         return "not a suspect in the screen"
     if confirmation is None and verdict.status == rules.NOT_CONFIRMED:
         return f"a suspect beyond the {plan.max_suspects} confirmed"
+    if confirmation is None and verdict.status == rules.UNMEASURED:
+        return "a suspect the night had no time left to confirm"
     if confirmation is None or confirmation.decision is None:
         return f"confirmation not judged ({verdict.status})"
     decision = confirmation.decision
@@ -188,16 +197,21 @@ def main() -> None:
     parser.add_argument("--screen-at", type=float, default=DEFAULT_THRESHOLD,
                         help="with --ranking estimate: a suspect's screen estimate is slower than this "
                              "(default: the threshold)")
+    parser.add_argument("--refine-points", type=int, default=REFINE_POINTS)
     parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
     parser.add_argument("--lead-share", type=float, default=LEAD_SHARE,
                         help="the strongest suspect's share of alpha (0: alpha / suspects, nothing passed on)")
     parser.add_argument("--statistic", choices=sequential.STATISTICS, default=sequential.CAUCHY,
                         help="the confirmation's sign-flip score (default the gate's, cauchy)")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
-                        help="seconds of the confirmation stage, spent at each point's process wall")
+    parser.add_argument("--night-s", type=float, default=NIGHT_S,
+                        help="seconds of the night, screen to confirmation, spent at each point's process wall: "
+                             "the confirmation gets what the screen and refinement leave")
     parser.add_argument("--walls-from", type=Path, metavar="MEASUREMENTS",
                         help="each point's process wall modelled from the H100's measurements "
                              "(studies/night_forecast.py)")
+    parser.add_argument("--outside-s", type=float,
+                        help="with --walls-from: the harness's wall outside the trainer per process (default: the "
+                             "median measured there, fresh processes)")
     parser.add_argument("--process-s", type=float, default=0.0,
                         help="the wall of every process without --walls-from (default 0: no budget binds)")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
@@ -211,19 +225,21 @@ def main() -> None:
     points = [point for point in suites.load(args.suite).points
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),
-                     args.screen_pairs, args.max_suspects)
+                     args.screen_pairs, args.max_suspects, args.refine_points)
     plan = replace(plan, lead_share=args.lead_share, statistic=args.statistic)
     if args.ranking == "estimate":
         plan = replace(plan, ranking="estimate", screen_at=args.screen_at, screen_toward=0.0)
     started = time.monotonic()
     walls = {key: process["interference"]["wall_s"] for key, process in
-             night_forecast.modelled_processes(args.walls_from, points).items()} if args.walls_from else {}
+             night_forecast.modelled_processes(args.walls_from, points, args.outside_s).items()} \
+        if args.walls_from else {}
     results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
-                       args.budget_s)
+                       args.night_s)
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
                "noise check": noise_check(noise, 20_000, args.seed), "slowdown": args.slowdown,
-               "plan": plan.to_dict(), "budget_s": args.budget_s,
+               "plan": plan.to_dict(), "night_s": args.night_s,
                "process walls": {"from": str(args.walls_from) if args.walls_from else None,
+                                 "outside the trainer": args.outside_s,
                                  "median": float(np.median(list(walls.values()))) if walls else args.process_s},
                "seconds": time.monotonic() - started, **results}
     text = json.dumps(results, indent=1)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benches import forecast
 from benches import suite as suites
-from benches.night import BUDGET_S, MAX_SUSPECTS, SCREEN_PAIRS, gate_plan
+from benches.night import MAX_SUSPECTS, NIGHT_S, SCREEN_PAIRS, gate_plan
 from benches.options import ProcessOptions
 from rlperf.store import PointRecord, Store
 
@@ -84,9 +84,11 @@ def modelled_process(config: dict, warm: dict, steady: dict, outside_s: float) -
             "interference": {"wall_s": wall}}
 
 
-def modelled_processes(measurements: Path, points: list[suites.Point]) -> dict[str, dict]:
-    """Each point's modelled process (`modelled_process`, its wall at ["interference"]["wall_s"]), by point key."""
-    outside_s = outside_trainer_s(measurements / "gate" / "results.sqlite")
+def modelled_processes(measurements: Path, points: list[suites.Point], outside_s: float | None = None) -> dict[str, dict]:
+    """Each point's modelled process (`modelled_process`, its wall at ["interference"]["wall_s"]), by point key;
+    `outside_s` the harness's wall outside the trainer, None for the median measured (`outside_trainer_s`)."""
+    if outside_s is None:
+        outside_s = outside_trainer_s(measurements / "gate" / "results.sqlite")
     summaries = {path.stem: json.loads(path.read_text()) for path in (measurements / "trainer").glob("t_*.json")}
     modelled = {}
     for point in points:
@@ -104,7 +106,10 @@ def main() -> None:
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
     parser.add_argument("--max-suspects", type=int, default=MAX_SUSPECTS)
     parser.add_argument("--max-repeats", type=int, default=ProcessOptions.max_repeats)
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S)
+    parser.add_argument("--night-s", type=float, default=NIGHT_S)
+    parser.add_argument("--outside-s", type=float,
+                        help="the harness's wall outside the trainer per process (default: the median measured in "
+                             "gate/results.sqlite, fresh processes)")
     parser.add_argument("--pairs-confirmed", type=float, default=0.0,
                         help="pairs a night confirms on average (studies/gate_power.py), costed at the median "
                              "process of the suite")
@@ -113,8 +118,9 @@ def main() -> None:
 
     suite = suites.load(args.suite)
     points = [point for point in suite.points if point.config["world_size"] == 1]
-    outside_s = outside_trainer_s(args.measurements / "gate" / "results.sqlite")
-    modelled = modelled_processes(args.measurements, points)
+    outside_s = outside_trainer_s(args.measurements / "gate" / "results.sqlite") if args.outside_s is None \
+        else args.outside_s
+    modelled = modelled_processes(args.measurements, points, outside_s)
     plan = gate_plan(ProcessOptions(suite=args.suite, max_repeats=args.max_repeats), args.screen_pairs,
                      args.max_suspects)
     with tempfile.TemporaryDirectory() as scratch, Store.open(Path(scratch) / "results.sqlite") as store:
@@ -125,14 +131,15 @@ def main() -> None:
             record.samples = [(0, process)]
             store.record_point(run_id, record)
         store.finish_run(run_id, "complete")
-        night = forecast.predict(store, MACHINE, points, plan, args.budget_s, launch="fresh")  # as the H100's were
+        night = forecast.predict(store, MACHINE, points, plan, args.night_s, launch="fresh")  # as the H100's were
     median_process = statistics.median(cost.process_s for cost in night.points)
     confirm_s = 2 * args.pairs_confirmed * median_process
     refine_s = 2 * plan.refine_pairs * plan.refine_points * median_process if plan.refine_pairs else 0.0
     for process in modelled.values():
         print(f"{process['interference']['wall_s']:6.1f} s  {process['label']}  (warm-up {process['warmup_seconds']:.1f} s from "
               f"{process['warm-up from']}, {process['steady_epochs']} steady epochs of {process['steady epoch from']})")
-    print(f"outside the trainer: {outside_s:.1f} s a process (median, gate/results.sqlite)")
+    print(f"outside the trainer: {outside_s:.1f} s a process"
+          + (" (median, gate/results.sqlite)" if args.outside_s is None else " (--outside-s)"))
     for line in night.lines():
         print(line)
     expected = night.screen_s + refine_s + confirm_s
@@ -140,7 +147,7 @@ def main() -> None:
           f"{args.pairs_confirmed:g} pairs a night: {forecast.duration(confirm_s)}; "
           f"peaks (first night on a store): {forecast.duration(args.peaks_s)}; the night: "
           f"{forecast.duration(expected)} of processes, {forecast.duration(expected + args.peaks_s)} with the peaks, "
-          f"at most {forecast.duration(night.screen_s + night.refine_s[1] + night.confirm_max_s + args.peaks_s)}")
+          f"at most {forecast.duration(max(night.night_s, night.screen_s + night.refine_s[1]) + args.peaks_s)}")
 
 
 if __name__ == "__main__":

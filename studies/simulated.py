@@ -86,9 +86,21 @@ class SimulatedMachine:
     def __post_init__(self):
         self.new_night()
 
-    def new_night(self) -> None:
+    def new_night(self, rng: np.random.Generator | None = None) -> None:
+        """A new night's offsets. With `rng`, the night draws from it alone and its first process's luck is drawn
+        afresh, so two gates simulated on the same nights meet the same processes until their choices differ."""
+        if rng is not None:
+            self.rng = rng
+            self.luck = self._shock()
         self.night_offset = self.rng.normal(0, self.noise.night)
         self.point_offsets = {}
+
+    def _shock(self) -> float:
+        """A process's luck before drift: Student-t scaled to unit variance, or normal."""
+        noise = self.noise
+        if not noise.tail_df:
+            return self.rng.normal()
+        return self.rng.standard_t(noise.tail_df) * math.sqrt((noise.tail_df - 2) / noise.tail_df)
 
     def runner(self, side: str, run_dir: Path) -> "SimulatedRunner":
         return SimulatedRunner(self, side, run_dir)
@@ -98,9 +110,7 @@ class SimulatedMachine:
         noise = self.noise
         if point.key not in self.point_offsets:
             self.point_offsets[point.key] = self.rng.normal(0, noise.point_night)
-        shock = self.rng.standard_t(noise.tail_df) * math.sqrt((noise.tail_df - 2) / noise.tail_df) \
-            if noise.tail_df else self.rng.normal()
-        self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * shock
+        self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * self._shock()
         level = math.log(self.base_sps) + _point_level(point.key) + self.night_offset + self.point_offsets[point.key]
         luck = noise.process * self.luck
         if noise.wide_share and self.rng.random() < noise.wide_share:

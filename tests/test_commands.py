@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from benches.night import BUDGET_S
 from benches.options import ProcessOptions
 from rlperf.arguments import alpha_level, threshold_fraction, timeout_seconds
 from command.cli import SUBCOMMANDS, OneLineParser
@@ -37,8 +36,9 @@ def test_threshold_and_alpha_are_one_definition_refused_alike_everywhere(command
         assert refused.value.code == 2
         assert capsys.readouterr().err == (f"rlperf {command}: error: argument {flag}: must be a number {allowed} "
                                            f"(got {value!r})\n")
-    if "budget_s" in actions:
-        assert actions["budget_s"].type is timeout_seconds and actions["timeout"].type is timeout_seconds
+    for seconds in ("budget_s", "night_s"):
+        if seconds in actions:
+            assert actions[seconds].type is timeout_seconds and actions["timeout"].type is timeout_seconds
 
 
 def test_an_alpha_of_one_percent_names_99_percent_intervals():
@@ -49,8 +49,7 @@ def test_an_alpha_of_one_percent_names_99_percent_intervals():
 def test_the_options_record_is_built_from_each_commands_flags_and_defaults():
     gate = ProcessOptions.from_args(parser_of("gate").parse_args(
         [*REQUIRED["gate"], "--timeout", "30", "--threshold", "0.1", "--no-wait", "--out", "night"]))
-    assert gate == ProcessOptions(suite="smoke", out_dir=Path("night"), timeout_s=30.0, threshold=0.1, wait=False,
-                                  budget_s=BUDGET_S)  # the gate's own budget for its confirmation stage
+    assert gate == ProcessOptions(suite="smoke", out_dir=Path("night"), timeout_s=30.0, threshold=0.1, wait=False)
     confirm = ProcessOptions.from_args(parser_of("confirm").parse_args(REQUIRED["confirm"]))
     assert confirm.suite is None and confirm.timeout_s == 600.0 and confirm.out_dir == Path("runs")
     bisect = ProcessOptions.from_args(parser_of("bisect").parse_args(REQUIRED["bisect"]))

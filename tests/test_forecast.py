@@ -81,27 +81,28 @@ def test_a_night_is_forecast_from_processes_started_as_its_own_will_be(tmp_path,
         store_run(store, "m1", [(eight, [3.0, 3.2], {})])  # before the launch was recorded: fresh
         store_run(store, "m1", [(eight, [3.4], {})], launch="fresh")
         store_run(store, "m1", [(eight, [0.4, 0.5, 0.6], {})], launch="forked")
-        forked = forecast.predict(store, "m1", points[:1], plan(), budget_s=600.0, launch="forked")
-        fresh = forecast.predict(store, "m1", points[:1], plan(), budget_s=600.0, launch="fresh")
+        forked = forecast.predict(store, "m1", points[:1], plan(), night_s=600.0, launch="forked")
+        fresh = forecast.predict(store, "m1", points[:1], plan(), night_s=3600.0, launch="fresh")
     assert (forked.points[0].process_s, forked.points[0].known_from) == (0.5, 3)
     assert (fresh.points[0].process_s, fresh.points[0].known_from) == (3.2, 3)
 
 
 def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
-        empty = forecast.predict(store, "m1", points, plan(), budget_s=600.0, launch="fresh")
+        empty = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh")
         store_run(store, "m2", [(points[0], [5.0], {})])
-        elsewhere = forecast.predict(store, "m1", points, plan(), budget_s=600.0, launch="fresh")
+        elsewhere = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh")
     for found, why in ((empty, "an empty store"), (elsewhere, "nothing stored on this machine")):
         assert all(cost.process_s == forecast.DEFAULT_PROCESS_S and cost.known_from == 0 for cost in found.points)
         assert f"the default {forecast.DEFAULT_PROCESS_S:.0f} s a process ({why})" in found.lines()[0]
-        assert found.confirm_max_s == 600.0  # the budget caps the confirmation
+        # the night caps the confirmation: what the screen and the cheapest refinement leave of it
+        assert found.confirm_max_s == 3600.0 - found.screen_s - found.refine_s[0]
 
 
 def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
         store_run(store, "m1", [(point, [10.0], {}) for point in points])
-        found = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), budget_s=600.0,
+        found = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), night_s=800.0,
                                  launch="fresh")
         assert found.screen_s == pytest.approx(120.0)
         assert found.refine_s == pytest.approx((2 * REFINE_PAIRS * 20.0,) * 2)
@@ -119,8 +120,21 @@ def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_
 
 def test_a_gate_without_a_refinement_forecasts_none(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
-        found = forecast.predict(store, "m1", points, plan(refine_points=0), budget_s=600.0, launch="fresh")
+        found = forecast.predict(store, "m1", points, plan(refine_points=0), night_s=3600.0, launch="fresh")
     assert found.refine_s == (0.0, 0.0) and "refinement" not in found.lines()[0]
+
+
+def test_a_night_its_screen_would_fill_is_said_before_it_is_measured(tmp_path, points):
+    with Store.open(tmp_path / "results.sqlite") as store:
+        store_run(store, "m1", [(point, [10.0], {}) for point in points])
+        fits = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), night_s=800.0,
+                                launch="fresh")
+        full = forecast.predict(store, "m1", points, plan(screen_pairs=2, refine_points=2), night_s=150.0,
+                                launch="fresh")
+    assert not fits.overrun and len(fits.lines()) == 2
+    assert full.overrun and full.confirm_max_s == 0.0
+    assert full.lines()[1] == ("forecast: the screen and refinement may take 3 min 20 s of the night's 2 min 30 s, "
+                               "leaving suspects no time to be confirmed: raise --night-s or lower --screen-pairs")
 
 
 @pytest.mark.parametrize("seconds, text", [(7.4, "7 s"), (125, "2 min 05 s"), (3 * 3600 + 15 * 60, "3 h 15 min")])

@@ -35,7 +35,7 @@ NIGHTLY = list(suites.load("nightly").points)
 
 
 def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None = None, seed: int = 0,
-          skip=lambda point: None, budget_s: float = 1e9) -> list[rules.GateVerdict]:
+          skip=lambda point: None, night_s: float = 1e9) -> list[rules.GateVerdict]:
     plan = plan or gate_plan(ProcessOptions())
     recorded = {}
 
@@ -44,7 +44,7 @@ def night(machine: SimulatedMachine, points=NIGHTLY, plan: rules.GatePlan | None
 
     found = Night(plan, lambda text: None, random.Random(seed), clock=machine.clock).run(
         points, lambda stage: {side: machine.runner(side, Path("/nonexistent")) for side in SIDES}, record, skip,
-        lambda point: [], budget_s=budget_s)
+        lambda point: [], night_s=night_s)
     night.recorded = recorded
     return found
 
@@ -103,16 +103,42 @@ def test_contended_pairs_are_made_up_for_and_too_few_quiet_ones_cannot_pass():
     assert rules.conclusion(found).startswith("gate: could not measure 3 points")
 
 
-def test_a_confirmation_the_budget_cuts_short_of_its_first_look_is_not_confirmed_and_keeps_to_the_budget():
+def test_a_confirmation_the_night_cuts_short_of_its_first_look_is_not_confirmed_and_keeps_to_the_night():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(4), process_s=20.0)
     machine.slowdowns = {("new", NIGHTLY[1].key): 0.5}
     # four points screened and refined: their pairs of two 20 s processes
     screened_at = (4 * SCREEN_PAIRS + min(4, REFINE_POINTS) * REFINE_PAIRS) * 2 * 20.0
-    found = night(machine, points=NIGHTLY[:4], budget_s=200.0)  # five pairs: short of the first look
+    found = night(machine, points=NIGHTLY[:4], night_s=screened_at + 200.0)  # five pairs: short of the first look
     slowed = found[1]
     assert slowed.status == rules.NOT_CONFIRMED and "time budget" in slowed.note, slowed.note
     assert rules.exit_code(found) == rules.EXIT_PASSED
-    assert machine.clock() - screened_at <= 200.0
+    assert machine.clock() <= screened_at + 200.0
+
+
+def test_a_night_its_screen_used_up_confirms_nothing_and_says_its_suspects_were_not_measured():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(4), process_s=20.0)
+    machine.slowdowns = {("new", NIGHTLY[1].key): 0.5}
+    screened_at = (4 * SCREEN_PAIRS + min(4, REFINE_POINTS) * REFINE_PAIRS) * 2 * 20.0
+    found = night(machine, points=NIGHTLY[:4], night_s=screened_at + 30.0)  # less than one pair left
+    assert machine.clock() == screened_at and ("confirm", "new") not in night.recorded
+    slowed = found[1]
+    assert slowed.status == rules.UNMEASURED and slowed.note == "a suspect whose confirmation was not measured"
+    assert rules.exit_code(found) == rules.EXIT_UNMEASURED
+
+
+def test_a_simulated_night_seeded_anew_draws_the_same_processes_whatever_came_before_it():
+    # studies/gate_power.py compares plans on the same nights: what one plan did the night before (more
+    # processes drawn, another luck left behind) must not change tonight's draws
+    first, second = (SimulatedMachine(GPU_RUNNER, np.random.default_rng(seed)) for seed in (1, 2))
+    for _ in range(7):
+        first.draw("ref", NIGHTLY[0])
+    tonight = []
+    for machine in (first, second):
+        machine.new_night(np.random.default_rng([21, 4]))
+        tonight.append([machine.draw(side, point) for point in NIGHTLY[:3] for side in SIDES])
+    assert tonight[0] == tonight[1]
+    second.new_night(np.random.default_rng([21, 5]))
+    assert [second.draw(side, point) for point in NIGHTLY[:3] for side in SIDES] != tonight[0]
 
 
 def test_skipped_points_neither_pass_nor_fail_the_night():
