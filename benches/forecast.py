@@ -1,16 +1,18 @@
 """How long will a gate's night take, and which points cost most? Said before it measures, from what the store
-knows of earlier runs on this machine; and, after, how far off that was.
+knows of earlier runs on this machine (on a machine it knows nothing of, after the screen's first point, from
+that point's processes); and, after, how far off that was.
 
 A process of a point is forecast to cost the median wall of the newest processes of that point (the same point
 key, every setting both configs have equal) on the same machine fingerprint, started the same way (forked or
 fresh, benches/runner.py Launcher: a fresh one also pays for its imports): the harness's wall around the
 process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
-store has not run on this machine costs the median process of this machine; on a machine the store does not
-know, DEFAULT_PROCESS_S. The screen is 2 x screen_pairs processes a point (pairs made up for contention come
-on top); its refinement 2 x refine_pairs processes of each of its leaders, which are not known before, so it is
-forecast between the cheapest and the costliest points; the confirmation costs nothing on a night without
-suspects and at most what the screen and refinement leave of the night, or its suspects' pairs if those cost
-less. Peaks are measured once per store and machine and are not counted.
+store has not run on this machine costs the median process of this machine; where the store holds no process
+of this machine started that way, nothing is forecast (`predict` gives None). The screen is 2 x screen_pairs
+processes a point (pairs made up for contention come on top); its refinement 2 x refine_pairs processes of each
+of its leaders, which are not known before, so it is forecast between the cheapest and the costliest points; the
+confirmation costs nothing on a night without suspects and at most what the screen and refinement leave of the
+night, or its suspects' pairs if those cost less. Peaks are measured once per store and machine and are not
+counted.
 """
 
 from __future__ import annotations
@@ -24,9 +26,6 @@ from benches.suite import Point
 from decisions.screening import GatePlan
 from rlperf.store import Store
 
-# A process on a machine the store knows nothing of: about an eager GPU point of the nightly suite on an H100
-# (17-18 s of wall for a 2,097,152-step process in measurements/h100-2026-11-24/gate/) rounded up.
-DEFAULT_PROCESS_S = 30.0
 # Processes per point a forecast is taken from (the newest first), and how many runs back it looks for them.
 RECENT_PROCESSES = 12
 RECENT_RUNS = 24
@@ -37,7 +36,7 @@ SHOWN_POINTS = 5
 class PointCost:
     label: str
     process_s: float
-    known_from: int  # stored processes of this very point behind process_s (0: a fallback)
+    known_from: int  # stored processes of this very point behind process_s (0: the machine's median)
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Forecast:
     points: tuple[PointCost, ...]
     screen_pairs: int
     suspects_s: float  # every suspect's pairs at the costliest points: the most a confirmation could use
-    fallback: str  # what a point the store does not know was taken to cost, in words
+    fallback_s: float  # what a point the store does not know was taken to cost: the machine's median process
     night_s: float  # the night, screen to confirmation
     refine_s: tuple[float, float] = (0.0, 0.0)  # the refinement at the cheapest and at the costliest leaders
 
@@ -70,22 +69,23 @@ class Forecast:
     def costliest(self, count: int = SHOWN_POINTS) -> list[PointCost]:
         return sorted(self.points, key=lambda point: -point.process_s)[:count]
 
-    def lines(self) -> list[str]:
+    def lines(self, heading: str = "forecast") -> list[str]:
         known = sum(point.known_from > 0 for point in self.points)
         low = self.screen_s + self.refine_s[0]
         high = max(self.screen_s + self.refine_s[1], min(self.night_s, low + self.confirm_max_s))
         refine = (f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; "
                   if self.refine_s[1] else "")
-        out = [f"forecast: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
+        out = [f"{heading}: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
                f"processes; {known} of them from their own earlier processes here"
-               + (f", the others at {self.fallback}" if known < len(self.points) else "") + f"); {refine}"
+               + (f", the others at this machine's median process ({self.fallback_s:.0f} s)"
+                  if known < len(self.points) else "") + f"); {refine}"
                f"confirmation none without suspects, at most {duration(self.confirm_max_s)} (what the night of "
                f"{duration(self.night_s)} leaves): the night {duration(low)} to {duration(high)}"]
         if self.overrun:
-            out.append(f"forecast: the screen and refinement may take {duration(self.screen_s + self.refine_s[1])} "
+            out.append(f"{heading}: the screen and refinement may take {duration(self.screen_s + self.refine_s[1])} "
                        f"of the night's {duration(self.night_s)}, leaving suspects no time to be confirmed: raise "
                        f"--night-s or lower --screen-pairs")
-        out.append("forecast: costliest points: " + "; ".join(
+        out.append(f"{heading}: costliest points: " + "; ".join(
             f"{point.label} {duration(self.point_screen_s(point))} ({point.process_s:.0f} s a process)"
             for point in self.costliest()))
         return out
@@ -104,18 +104,16 @@ class Forecast:
 
 
 def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, night_s: float,
-            launch: str) -> Forecast:
+            launch: str) -> Forecast | None:
     """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, its
-    processes started as `launch` says, judged by `plan` within `night_s` seconds."""
+    processes started as `launch` says, judged by `plan` within `night_s` seconds; None where the store holds no
+    such process of this machine (`unknown` says why)."""
     points = list(points)
     walls = process_walls(store, machine_key, points, launch)
     every = [wall for found in walls.values() for wall in found]
-    if every:
-        fallback_s, fallback = median(every), f"this machine's median process ({median(every):.0f} s)"
-    else:
-        stored = other_machine_walls(store, machine_key)
-        fallback_s, fallback = DEFAULT_PROCESS_S, f"the default {DEFAULT_PROCESS_S:.0f} s a process " + (
-            "(nothing stored on this machine)" if stored else "(an empty store)")
+    if not every:
+        return None
+    fallback_s = median(every)
     costs = tuple(PointCost(point.label, median(walls[point.key]) if walls[point.key] else fallback_s,
                             len(walls[point.key])) for point in points)
     by_cost = sorted(cost.process_s for cost in costs)
@@ -123,7 +121,19 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
     leaders = min(plan.refine_points, len(by_cost)) if plan.refine_pairs else 0
     refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]),
               2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
-    return Forecast(costs, plan.screen_pairs, suspects, fallback, night_s, refine)
+    return Forecast(costs, plan.screen_pairs, suspects, fallback_s, night_s, refine)
+
+
+def unknown(store: Store, machine_key: str) -> str:
+    """Why nothing could be forecast, in the line the gate says instead of a forecast."""
+    runs = store.runs()
+    if runs.empty:
+        why = "the store is empty"
+    elif not (runs["machine_key"] == machine_key).any():
+        why = "the store holds no run of this machine"
+    else:
+        why = "the store holds no process of these points on this machine started this way"
+    return f"forecast: none yet ({why}); it follows the screen's first point, from that point's processes"
 
 
 def process_walls(store: Store, machine_key: str, points: list[Point], launch: str) -> dict[str, list[float]]:
@@ -147,11 +157,6 @@ def process_walls(store: Store, machine_key: str, points: list[Point], launch: s
             if wall is not None:
                 walls[key].append(wall)
     return walls
-
-
-def other_machine_walls(store: Store, machine_key: str) -> bool:
-    runs = store.runs()
-    return not runs.empty and bool((runs["machine_key"] != machine_key).any())
 
 
 def same_settings(wanted: dict[str, Any], stored: dict[str, Any]) -> bool:

@@ -103,24 +103,34 @@ class Gate:
                                               utilization, trainer_command, launchers[side])
                             for side in SIDES}
 
-                def record(stage: str, side: str, point_record: PointRecord) -> None:
-                    store.record_point(self.runs[(stage, side)], point_record)
+                runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
 
+                def forecast_night() -> forecast.Forecast | None:
+                    return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch)
+
+                def record(stage: str, side: str, point_record: PointRecord) -> None:
+                    nonlocal predicted
+                    store.record_point(self.runs[(stage, side)], point_record)
+                    if predicted is None and stage == "screen" and side == SIDES[-1]:
+                        predicted = forecast_night()  # a machine the store knew nothing of: from this point on
+                        for line in predicted.lines("forecast from the screen's first point") if predicted else []:
+                            self.say(line)
+
+                predicted = forecast_night()  # from the runs before tonight's
+                foreword = predicted.lines() if predicted else [forecast.unknown(store, machine_key(current))]
                 create("screen")
                 self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
-                predicted = forecast.predict(store, machine_key(current), [p for p in suite.points if
-                                             machine.skip_reason(p.config) is None], plan, self.night_s,
-                                             opts.launch)
-                for line in predicted.lines():
+                for line in foreword:
                     self.say(line)
                 started = time.monotonic()
                 night = Night(plan, self.say)
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
-                    self.say(predicted.review(store, self.runs, time.monotonic() - started))
+                    if predicted is not None:
+                        self.say(predicted.review(store, self.runs, time.monotonic() - started))
                     fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
                     for run_id in self.runs.values():

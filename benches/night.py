@@ -22,9 +22,10 @@ from rlperf.store import PointRecord, utc_now
 
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, in a
 # night of an hour): 3 screen pairs a point, 2 more for the 4 leaders, then what is left of the night to confirm,
-# the strongest suspect at LEAD_SHARE of alpha; README, "The gate", has the rates. Without the refinement, the
-# slowed point ranked behind two others or under the bar on 9.5% of bad nights; with 4 screen pairs the screen
-# took 43 minutes, and the compiled points, a pair costing over a minute, could not reach a claim in what was left.
+# the strongest suspect first and at LEAD_SHARE of alpha; README, "The gate", has the rates. Without the
+# refinement, the slowed point ranked behind two others or under the bar on 9.5% of bad nights; refining 6 leaders
+# lost more compiled points to the night's end than it saved from the screen; with 4 screen pairs the screen took
+# 43 minutes, and the compiled points, a pair costing over a minute, could not reach a claim in what was left.
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2
@@ -33,10 +34,12 @@ MIN_QUIET = 2
 # the screen weighs each point's evidence for a slowdown of this many thresholds against none
 SCREEN_TOWARD = 2.0
 # Seconds of the whole night, screen to confirmation: the confirmation gets what the screen and refinement leave,
-# shared among the suspects still to confirm.
+# the strongest suspect first.
 NIGHT_S = 3600.0
 # the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
 LEAD_SHARE = 0.8
+# why a suspect was not confirmed when the night ended before one more pair of it would
+NO_TIME_LEFT = "no time left in the night to confirm it"
 # the night's pair spread is taken at most this many times the spread within points (screening.night_scale)
 SPREAD_CAP = 2.0
 
@@ -162,10 +165,11 @@ class Night:
     def confirm(self, chosen: list[rules.Screened], points: list[suites.Point], sides: dict[str, PointRunner],
                 record: Record, gpu_uuids: Callable[[suites.Point], list[str]], budget_s: float,
                 pair_s: dict[str, float] | None = None) -> dict[str, PointVerdict]:
-        """Each suspect in turn until it decides or its share of the budget is spent: what is left less what the
-        suspects after it need to reach their first look (at their screen's seconds a pair, and at the level they
-        have if nothing before them is claimed), and never less than an equal share of what is left. A suspect
-        whose pair no longer fits in what is left is not started, and is not measured."""
+        """Each suspect in turn, the strongest evidence first, until it decides or the budget is spent: the
+        strongest is the point that got slower on most bad nights, and a confirmation that neither claims nor
+        stops as not slower is leaning slower, so the time goes to it rather than being held back for the
+        suspects after it. A suspect whose pair (at its screen's seconds a pair) no longer fits in what is left is
+        stored as skipped, and is `not confirmed`."""
         pair_s = pair_s or {}
         unclaimed = [self.plan.confirmation(len(chosen), done) for done in range(len(chosen))]
         self.say(f"confirming {len(chosen)} suspect{'s' if len(chosen) > 1 else ''}, at alpha "
@@ -178,19 +182,20 @@ class Night:
         for done, suspect in enumerate(chosen):
             index, point = by_key[suspect.point_key]
             design = rules.confirmation_designs(chosen[:done + 1], confirmed, self.plan, len(chosen))[suspect.key]
-            left = started + budget_s - self.clock()
-            if left <= 0 or left < pair_s.get(suspect.point_key, 0.0):
-                self.say(f"no time left to confirm {point.label}: {max(0.0, left):.0f} s of the night left, "
-                         f"{pair_s.get(suspect.point_key, 0.0):.0f} s a pair")
-                continue
-            reserve = sum(unclaimed[later].looks[0] * pair_s.get(chosen[later].point_key, 0.0)
-                          for later in range(done + 1, len(chosen)))
-            deadline = self.clock() + max(left / (len(chosen) - done), left - reserve)
-            self.say(f"confirming {point.label} at alpha {design.alpha:.3g} (looks at "
-                     f"{', '.join(map(str, design.looks))} quiet pairs)")
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
-            pairing = Pairing(sides, design, self.say, rng=self.rng, clock=self.clock)
-            confirmed[suspect.key] = pairing.measure(index, point, records, gpu_uuids(point), deadline)
+            deadline = started + budget_s
+            if deadline - self.clock() < max(pair_s.get(suspect.point_key, 0.0), 1e-9):
+                reason = (f"{NO_TIME_LEFT}: {max(0.0, deadline - self.clock()):.0f} s left, "
+                          f"{pair_s.get(suspect.point_key, 0.0):.0f} s a pair")
+                for side in SIDES:
+                    records[side].status, records[side].reason = "skipped", reason
+                confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "skipped", reason)
+                self.say(f"{point.label}: {reason}")
+            else:
+                self.say(f"confirming {point.label} at alpha {design.alpha:.3g} (looks at "
+                         f"{', '.join(map(str, design.looks))} quiet pairs)")
+                pairing = Pairing(sides, design, self.say, rng=self.rng, clock=self.clock, budget_flag="--night-s")
+                confirmed[suspect.key] = pairing.measure(index, point, records, gpu_uuids(point), deadline)
             for side in SIDES:
                 record("confirm", side, records[side])
         return confirmed

@@ -44,8 +44,9 @@ class Pairing:
 
     def __init__(self, sides: dict[str, PointRunner], design: Design | None, say: Callable[[str], None],
                  names: dict[str, str] | None = None, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, budget_flag: str = "--budget-s"):
         self.sides = sides
+        self.budget_flag = budget_flag  # the flag that sets the deadline, named when it looks too short
         self.clock = clock
         self.design = design
         self.say = say
@@ -121,7 +122,7 @@ class Pairing:
         self.say(f"{point.label}: at the pair spread measured ({decision.spread:.1%}) and a change of "
                  f"{decision.naive:+.1%}, deciding likely needs about {needed} quiet pairs (~{needed * pair_s:.0f} s "
                  f"at {pair_s:.0f} s a pair); the budget and --max-repeats allow {min(affordable, self.design.max_pairs)}: "
-                 f"it will likely end inconclusive (raise --budget-s or --max-repeats, or the threshold)")
+                 f"it will likely end inconclusive (raise {self.budget_flag} or --max-repeats, or the threshold)")
         return True
 
     def say_pair(self, point: suites.Point, pair: int, records: dict[str, PointRecord],

@@ -11,9 +11,10 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
    e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
    level at all and cost a few processes a point.
 3. Confirm: each suspect, the strongest evidence first and at most `max_suspects` of them, gets fresh pairs
-   judged by a one-sided sequential design (decisions/sequential.py) at its share of alpha, within the stage's
-   time budget (benches/night.py shares it out). The strongest suspect's share is `lead_share`, the others split
-   the rest, and a suspect that is claimed passes its level on to the next (GatePlan.confirmation).
+   judged by a one-sided sequential design (decisions/sequential.py) at its share of alpha, within what the
+   night leaves (benches/night.py gives it to the strongest suspect first). The strongest suspect's share is
+   `lead_share`, the others split the rest, and a suspect that is claimed passes its level on to the next
+   (GatePlan.confirmation).
 
 Why a screen and a confirmation. A claim about one point among many must reach alpha / points, and pairs reach a
 level only after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one
@@ -43,13 +44,15 @@ far out, on either side, count little; asked of "slowed by at least twice the th
 slowed by far more at the head of the queue. The bar a little below even odds lets in more points than the
 confirmation could take, so `max_suspects` decides what is confirmed, by rank. Simulated through
 studies/gate_power.py at that noise, the slowed point reached its confirmation on 94.8% of bad nights against
-91.5% by the estimate (README, "The gate"); what still loses it is the confirmation's time budget. None of this
-touches the guarantee, which rests on the confirmation alone.
+91.5% by the estimate (README, "The gate"), and the confirmation, given what the night leaves, now claims it on
+nearly all of those: what still loses it is the screen. None of this touches the guarantee, which rests on the
+confirmation alone.
 
-Why a confirmation cut short by the budget is `not confirmed`. The budget is the night's, spent on suspects
-that are mostly unchanged points; one that ends before its first look because the time ran out has measured
-what it was given. Only contended processes that kept it short of its first look (it would have reached it
-had they been quiet) make it `could not measure`.
+Why a confirmation cut short by the night is `not confirmed`. The time is the night's, spent on suspects that
+are mostly unchanged points, the strongest first; one that ends before its first look because the time ran out
+has measured what it was given, and one the night left no time for at all (stored as skipped) has measured
+nothing it could claim from. Only contended processes that kept it short of its first look (it would have
+reached it had they been quiet) make it `could not measure`.
 
 Why pairs. Both commits meet the same night, so a slow night slows both sides of every pair alike; with the
 order inside each pair drawn at random the confirmation's test is exact whatever the machine does. Runs of two
@@ -334,15 +337,18 @@ def conclusion(found: list[GateVerdict]) -> str:
     def named(status: str) -> list[GateVerdict]:
         return [v for v in found if v.status == status]
 
+    def count(things: list, noun: str) -> str:
+        return f"{len(things)} {noun}{'' if len(things) == 1 else 's'}"
+
     if named(REGRESSED):
         return "gate: regressed: " + "; ".join(
             f"{v.point} {v.confirmation.sps.relative:+.1%}" for v in named(REGRESSED))
     if named(UNMEASURED):
-        return f"gate: could not measure {len(named(UNMEASURED))} points: " + "; ".join(
+        return f"gate: could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(
             f"{v.point} ({v.note})" for v in named(UNMEASURED))
     confirmed = [v for v in found if v.confirmation is not None]
-    return (f"gate: no point got slower ({len(found)} points, {len(named(SKIPPED))} skipped, "
-            f"{len(confirmed)} suspects not confirmed)")
+    return (f"gate: no point got slower ({count(found, 'point')}, {len(named(SKIPPED))} skipped, "
+            f"{count(confirmed, 'suspect')} not confirmed)")
 
 
 def summary_row(verdict: GateVerdict) -> dict:
@@ -408,7 +414,10 @@ def stored_verdicts(candidate: RunData, baseline: RunData, plan: GatePlan) -> li
                         for side in ("new", "ref")}
             if None in statuses.values():
                 continue
-            if set(statuses.values()) != {"ok"}:
+            if set(statuses.values()) == {"skipped"}:  # the night had no time left for it
+                reason = sides["new"].points.set_index("point_key")["reason"].get(suspect.point_key) or ""
+                confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "skipped", reason)
+            elif set(statuses.values()) != {"ok"}:
                 failed = next(side for side, status in statuses.items() if status != "ok")
                 reason = sides[failed].points.set_index("point_key")["reason"].get(suspect.point_key) or ""
                 confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "failed",

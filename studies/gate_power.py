@@ -13,9 +13,10 @@ intervals (scipy).
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
 studies/night_forecast.py models from the H100's measurements; or `--process-s`), so the night's seconds
 (`--night-s`) cut confirmations short as they would on the runner. Each night draws from its own seed (`--seed`
-and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired. On bad nights it says where the
-slowed point went: caught, not a suspect in the screen, a suspect beyond those confirmed, or its confirmation's
-end (inconclusive at the budget or at its most pairs, short of its first look, stopped as not slower).
+and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired.
+On bad nights it says where the slowed point went (caught, not a suspect in the screen, a suspect beyond those
+confirmed, one the night had no time left for, or its confirmation's end: inconclusive at the night's end or at
+its most pairs, short of its first look, stopped as not slower) and how often each point was caught.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
         return "not a suspect in the screen"
     if confirmation is None and verdict.status == rules.NOT_CONFIRMED:
         return f"a suspect beyond the {plan.max_suspects} confirmed"
-    if confirmation is None and verdict.status == rules.UNMEASURED:
+    if confirmation is not None and confirmation.status == "skipped":
         return "a suspect the night had no time left to confirm"
     if confirmation is None or confirmation.decision is None:
         return f"confirmation not judged ({verdict.status})"

@@ -84,7 +84,8 @@ def modelled_process(config: dict, warm: dict, steady: dict, outside_s: float) -
             "interference": {"wall_s": wall}}
 
 
-def modelled_processes(measurements: Path, points: list[suites.Point], outside_s: float | None = None) -> dict[str, dict]:
+def modelled_processes(measurements: Path, points: list[suites.Point],
+                       outside_s: float | None = None) -> dict[str, dict]:
     """Each point's modelled process (`modelled_process`, its wall at ["interference"]["wall_s"]), by point key;
     `outside_s` the harness's wall outside the trainer, None for the median measured (`outside_trainer_s`)."""
     if outside_s is None:

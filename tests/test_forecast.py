@@ -87,16 +87,28 @@ def test_a_night_is_forecast_from_processes_started_as_its_own_will_be(tmp_path,
     assert (fresh.points[0].process_s, fresh.points[0].known_from) == (3.2, 3)
 
 
-def test_a_store_that_knows_nothing_of_this_machine_forecasts_the_stated_default(tmp_path, points):
+def test_a_store_that_knows_nothing_of_this_machine_forecasts_nothing_and_says_why(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
-        empty = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh")
+        assert forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh") is None
+        empty = forecast.unknown(store, "m1")
         store_run(store, "m2", [(points[0], [5.0], {})])
-        elsewhere = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh")
-    for found, why in ((empty, "an empty store"), (elsewhere, "nothing stored on this machine")):
-        assert all(cost.process_s == forecast.DEFAULT_PROCESS_S and cost.known_from == 0 for cost in found.points)
-        assert f"the default {forecast.DEFAULT_PROCESS_S:.0f} s a process ({why})" in found.lines()[0]
-        # the night caps the confirmation: what the screen and the cheapest refinement leave of it
-        assert found.confirm_max_s == 3600.0 - found.screen_s - found.refine_s[0]
+        assert forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh") is None
+        elsewhere = forecast.unknown(store, "m1")
+        store_run(store, "m1", [(points[0], [5.0], {})], launch="fresh")
+        assert forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="forked") is None
+        started_otherwise = forecast.unknown(store, "m1")
+        # one point known: the others cost this machine's median, and the night caps the confirmation
+        found = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="fresh")
+    assert empty == ("forecast: none yet (the store is empty); it follows the screen's first point, from that "
+                     "point's processes")
+    assert "(the store holds no run of this machine)" in elsewhere
+    assert "(the store holds no process of these points on this machine started this way)" in started_otherwise
+    assert [cost.process_s for cost in found.points] == [5.0] * 3
+    assert [cost.known_from for cost in found.points] == [1, 0, 0]
+    assert "the others at this machine's median process (5 s)" in found.lines()[0]
+    assert found.confirm_max_s == 2 * 40 * 5.0 * 2  # every suspect's pairs cost less than what the night leaves
+    assert found.lines("forecast from the screen's first point")[1].startswith(
+        "forecast from the screen's first point: costliest points: ")
 
 
 def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_path, points):
@@ -120,6 +132,7 @@ def test_the_review_sets_each_stage_s_stored_processes_against_the_forecast(tmp_
 
 def test_a_gate_without_a_refinement_forecasts_none(tmp_path, points):
     with Store.open(tmp_path / "results.sqlite") as store:
+        store_run(store, "m1", [(point, [10.0], {}) for point in points])
         found = forecast.predict(store, "m1", points, plan(refine_points=0), night_s=3600.0, launch="fresh")
     assert found.refine_s == (0.0, 0.0) and "refinement" not in found.lines()[0]
 

@@ -28,6 +28,7 @@ from benches.options import ProcessOptions
 from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions import sequential
+from decisions.rundata import load_run
 from decisions.verdicts import judge
 from rlperf.store import PointRecord, Store, point_label
 
@@ -115,15 +116,32 @@ def test_a_confirmation_the_night_cuts_short_of_its_first_look_is_not_confirmed_
     assert machine.clock() <= screened_at + 200.0
 
 
-def test_a_night_its_screen_used_up_confirms_nothing_and_says_its_suspects_were_not_measured():
+def test_a_suspect_the_night_has_no_pair_left_for_is_stored_as_skipped_and_not_confirmed(tmp_path):
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(4), process_s=20.0)
     machine.slowdowns = {("new", NIGHTLY[1].key): 0.5}
     screened_at = (4 * SCREEN_PAIRS + min(4, REFINE_POINTS) * REFINE_PAIRS) * 2 * 20.0
     found = night(machine, points=NIGHTLY[:4], night_s=screened_at + 30.0)  # less than one pair left
-    assert machine.clock() == screened_at and ("confirm", "new") not in night.recorded
+    assert machine.clock() == screened_at
+    stored = {record.point_key: record for record in night.recorded[("confirm", "new")]}
+    assert stored[NIGHTLY[1].key].status == "skipped" and stored[NIGHTLY[1].key].samples == []
     slowed = found[1]
-    assert slowed.status == rules.UNMEASURED and slowed.note == "a suspect whose confirmation was not measured"
-    assert rules.exit_code(found) == rules.EXIT_UNMEASURED
+    assert slowed.status == rules.NOT_CONFIRMED
+    assert slowed.note == "confirmation: skipped; no time left in the night to confirm it: 30 s left, 40 s a pair"
+    assert rules.exit_code(found) == rules.EXIT_PASSED
+    # rebuilt from a store holding what the night recorded, as every later report is: the same verdicts
+    with Store.open(tmp_path / "results.sqlite") as store:
+        runs = {("screen", side): store.create_run("nightly", "hash", {}, "m") for side in SIDES}
+        for (stage, side), records in night.recorded.items():
+            if stage != "screen":
+                entry = {"stage": stage, "side": side, "runs": {"screen_new": runs[("screen", "new")]}}
+                runs[(stage, side)] = store.create_run("nightly", "hash", {rules.GATE: entry}, "m")
+            for record in records:
+                store.record_point(runs[(stage, side)], record)
+        for run_id in runs.values():
+            store.finish_run(run_id, "complete")
+        candidate, baseline = (load_run(store, runs[("screen", side)]) for side in ("new", "ref"))
+    again = rules.stored_verdicts(candidate, baseline, gate_plan(ProcessOptions()))
+    assert [(v.status, v.note) for v in again] == [(v.status, v.note) for v in found]
 
 
 def test_a_simulated_night_seeded_anew_draws_the_same_processes_whatever_came_before_it():
@@ -264,6 +282,10 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
                   "--out", "../out", timeout=880)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("gate: regressed: num_envs=24 -")
+    # a new store knows nothing of this machine: the forecast comes from the screen's first point
+    assert "forecast: none yet (the store is empty)" in done.stdout
+    assert "forecast from the screen's first point: screen " in done.stdout
+    assert "forecast against measured: screen " in done.stdout
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
         runs = store.runs()
         stages = {(f["gate"]["stage"], f["gate"]["side"]) for f in runs["fingerprint"]}
