@@ -144,6 +144,25 @@ def test_a_suspect_the_night_has_no_pair_left_for_is_stored_as_skipped_and_not_c
     assert [(v.status, v.note) for v in again] == [(v.status, v.note) for v in found]
 
 
+def test_the_strongest_suspect_gets_the_nights_time_before_the_suspects_after_it():
+    machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(7), process_s=20.0)  # pairs of 40 s
+    plan = gate_plan(ProcessOptions())
+    chosen = [rules.Screened(point.key, point.key, point.label, "ok") for point in NIGHTLY[:2]]
+    lead_first_look = plan.confirmation(2, 0).looks[0]
+    recorded = {}
+    confirmed = Night(plan, lambda text: None, random.Random(0), clock=machine.clock).confirm(
+        chosen, NIGHTLY, {side: machine.runner(side, Path("/nonexistent")) for side in SIDES},
+        lambda stage, side, record: recorded.setdefault(side, []).append(record), lambda point: [],
+        budget_s=(lead_first_look + 1) * 40.0, pair_s={point.key: 40.0 for point in NIGHTLY[:2]})
+    # the lead reaches its first look, where holding back the second suspect's first look (12 pairs) would
+    # have cut it short; the second then gets what is left
+    lead = confirmed[NIGHTLY[0].key]
+    assert lead.decision is not None and lead.decision.pairs >= lead_first_look
+    assert machine.clock() <= (lead_first_look + 1) * 40.0
+    second = confirmed[NIGHTLY[1].key]
+    assert second.status == "skipped" or second.decision.pairs <= 1
+
+
 def test_a_simulated_night_seeded_anew_draws_the_same_processes_whatever_came_before_it():
     # studies/gate_power.py compares plans on the same nights: what one plan did the night before (more
     # processes drawn, another luck left behind) must not change tonight's draws
