@@ -193,7 +193,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"the points with the strongest screen that get {REFINE_PAIRS} more pairs before the "
                              f"suspects are chosen; 0 chooses from the screen alone (default {REFINE_POINTS})")
     parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
-                        help=f"the suspects confirmed, the strongest evidence first: the first at {LEAD_SHARE:.0%} of "
+                        help=f"the suspects confirmed, the strongest evidence first: the first at {LEAD_SHARE:.0%}% of "
                              f"alpha, the others splitting the rest, a claim passing its level on (default "
                              f"{MAX_SUSPECTS})")
     add_max_repeats(parser, "at most N pairs in one suspect's confirmation")

@@ -41,6 +41,12 @@ def test_threshold_and_alpha_are_one_definition_refused_alike_everywhere(command
             assert actions[seconds].type is timeout_seconds and actions["timeout"].type is timeout_seconds
 
 
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_every_commands_help_renders(command):
+    # argparse expands % in help texts: a bare percent sign breaks --help
+    assert "usage: rlperf" in parser_of(command).format_help()
+
+
 def test_an_alpha_of_one_percent_names_99_percent_intervals():
     help_text = " ".join(parser_of("report").format_help().split())
     assert "(default 0.01, 99% intervals)" in help_text
