@@ -11,7 +11,8 @@ night is caught when that point is `regressed` (which fails the job). Rates come
 intervals (scipy).
 
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
-studies/night_forecast.py models from the H100's measurements; or `--process-s`), so the night's seconds
+studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
+forecast takes from a store of real nights, such as a runner's; or `--process-s`), so the night's seconds
 (`--night-s`) cut confirmations short as they would on the runner. Each night draws from its own seed (`--seed`
 and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired.
 On bad nights it says where the slowed point went (caught, not a suspect in the screen, a suspect beyond those
@@ -25,6 +26,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, replace
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from benches import forecast
 from benches import suite as suites
 from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
@@ -43,6 +46,9 @@ from decisions import screening as rules
 from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
+from rlperf.errors import BadInput
+from rlperf.forkserver import LAUNCHES
+from rlperf.store import Store
 
 # the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
@@ -133,6 +139,21 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
     }
 
 
+def stored_walls(store_path: Path, points: list[suites.Point], plan: rules.GatePlan, launch: str) -> dict[str, float]:
+    """Each point's process wall as the gate's forecast (benches/forecast.py) takes it from the store: on the
+    machine of its newest run, from processes started as `launch` says."""
+    try:
+        with Store.open(store_path, readonly=True) as store:
+            runs = store.runs()
+            predicted = None if runs.empty else forecast.predict(store, runs["machine_key"].iloc[-1], points, plan,
+                                                                 NIGHT_S, launch)
+    except BadInput as error:
+        raise ValueError(f"walls-store: {error}") from None
+    if predicted is None:
+        raise ValueError(f"walls-store: {store_path} holds no {launch} process of these points")
+    return {point.key: cost.process_s for point, cost in zip(points, predicted.points)}
+
+
 def stage_seconds(nights: list[dict], stage: str) -> dict:
     spent = np.array([night.get(stage, 0.0) for night in nights])
     return {"mean": float(spent.mean()), "p95": float(np.quantile(spent, 0.95)), "max": float(spent.max())}
@@ -210,6 +231,12 @@ def main() -> None:
     parser.add_argument("--walls-from", type=Path, metavar="MEASUREMENTS",
                         help="each point's process wall modelled from the H100's measurements "
                              "(studies/night_forecast.py)")
+    parser.add_argument("--walls-store", type=Path, metavar="STORE",
+                        help="each point's process wall as the gate's forecast takes it from this store (the "
+                             "machine of its newest run)")
+    parser.add_argument("--launch", choices=LAUNCHES, default=LAUNCHES[0],
+                        help="with --walls-store: the processes whose walls count (default forked, as the gate "
+                             "starts them)")
     parser.add_argument("--outside-s", type=float,
                         help="with --walls-from: the harness's wall outside the trainer per process (default: the "
                              "median measured there, fresh processes)")
@@ -231,15 +258,21 @@ def main() -> None:
     if args.ranking == "estimate":
         plan = replace(plan, ranking="estimate", screen_at=args.screen_at, screen_toward=0.0)
     started = time.monotonic()
-    walls = {key: process["interference"]["wall_s"] for key, process in
-             night_forecast.modelled_processes(args.walls_from, points, args.outside_s).items()} \
-        if args.walls_from else {}
+    if args.walls_from:
+        walls = {key: process["interference"]["wall_s"] for key, process in
+                 night_forecast.modelled_processes(args.walls_from, points, args.outside_s).items()}
+    else:
+        try:
+            walls = stored_walls(args.walls_store, points, plan, args.launch) if args.walls_store else {}
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            raise SystemExit(2)
     results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
                        args.night_s)
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
                "noise check": noise_check(noise, 20_000, args.seed), "slowdown": args.slowdown,
                "plan": plan.to_dict(), "night_s": args.night_s,
-               "process walls": {"from": str(args.walls_from) if args.walls_from else None,
+               "process walls": {"from": str(args.walls_from or args.walls_store or "") or None,
                                  "outside the trainer": args.outside_s,
                                  "median": float(np.median(list(walls.values()))) if walls else args.process_s},
                "seconds": time.monotonic() - started, **results}
