@@ -79,9 +79,10 @@ GPU_LEVERS = {"eager": {}, "graphs": {"cuda_graphs": True}}
 GPU_SAMPLE_HZ = 5.0
 
 
-def measure_gpu(rounds: int, out: Path, device: str) -> dict:
+def measure_gpu(rounds: int, out: Path, device: str, seconds: float | None = None) -> dict:
     """Pairs of trainer processes at GPU_LEVERS' points, the levers in turn round after round, stored with
-    their NVML readings; each process's SPS and what its GPU's clock did."""
+    their NVML readings; each process's SPS and what its GPU's clock did. With `seconds`, no round is started
+    that the slowest round so far says would end past it: the rounds done are stored and analysed."""
     from benches.runner import PointRunner, UtilizationProbe
     from benches.suite import Point
     from reference_trainer.config import from_dict
@@ -102,7 +103,13 @@ def measure_gpu(rounds: int, out: Path, device: str) -> dict:
                                   f"studies.noise: {rounds} pairs a lever")
         runner = PointRunner(out / run_id, 2 * rounds, 600.0, UtilizationProbe(GPU_SAMPLE_HZ))
         records = {point.key: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for point in points}
+        started, slowest_round = time.monotonic(), 0.0
         for round_ in range(rounds):
+            if seconds is not None and round_ and time.monotonic() - started + slowest_round > seconds:
+                done = f"{round_} round" + ("s" if round_ != 1 else "")
+                print(f"stopped after {done}: another would end past --seconds {seconds:g}", flush=True)
+                break
+            round_started = time.monotonic()
             for index, point in enumerate(points):
                 directory = runner.point_dir(index, point)
                 directory.mkdir(parents=True, exist_ok=True)
@@ -112,6 +119,7 @@ def measure_gpu(rounds: int, out: Path, device: str) -> dict:
                     if status != "ok":
                         sys.exit(f"noise: a process failed: {reason}")
                     records[point.key].samples.append((repeat, summary))
+            slowest_round = max(slowest_round, time.monotonic() - round_started)
             print(f"round {round_ + 1}/{rounds}: " + ", ".join(
                 f"{point.axes['lever']} {records[point.key].samples[-2][1]['sps']:,.0f}/"
                 f"{records[point.key].samples[-1][1]['sps']:,.0f}" for point in points), flush=True)
@@ -183,6 +191,8 @@ def main() -> None:
                         help="the JSON's path; on a GPU, the folder of the store and the JSON (default runs/noise)")
     parser.add_argument("--device", default="cpu",
                         help="cpu (the levers above), or cuda / cuda:N: an eager and a graphed point on that GPU")
+    parser.add_argument("--seconds", type=float,
+                        help="on a GPU, start no round that would end past this many seconds (default: no limit)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # inside a measured process
     args = parser.parse_args()
     if args.one:
@@ -190,7 +200,7 @@ def main() -> None:
         return
     if args.device != "cpu":
         directory = args.out.with_suffix("") if args.out.suffix == ".json" else args.out
-        report = measure_gpu(args.rounds, directory, args.device)
+        report = measure_gpu(args.rounds, directory, args.device, args.seconds)
         print(json.dumps({name: {k: v for k, v in lever.items() if k != "processes"}
                           for name, lever in report["levers"].items()}, indent=1))
         (directory / "noise.json").write_text(json.dumps(report, indent=1))
