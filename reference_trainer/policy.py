@@ -4,14 +4,17 @@ The rollout steps the recurrent cell once per environment step; training runs wh
 the same weights, with the state zeroed exactly where an episode started, so both see the same function.
 On a GPU, training cuts each sequence at its episode starts into pieces that cross no start, and runs all
 pieces through cuDNN's fused LSTM in one call, each from its true initial state: the carried state for a
-sequence's first piece, zeros for a piece that begins an episode. On a CPU it runs the sequence as one
+sequence's first piece, zeros for a piece that begins an episode, in full float32 as the rollout's cell computes
+(cuDNN would compute float32 in TF32 on Ampere and newer GPUs, another function). On a CPU it runs the sequence as one
 autograd function whose forward and backward are written out step by step (reference_trainer/lstm_sequence.py).
 uint8 observations (pixels) arrive on the device as bytes and are scaled to [0, 1] here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from reference_trainer.config import CNN_LAYERS, cnn_feature_map, cnn_refusal, image_layout
 from reference_trainer.lstm_sequence import Workspaces, lstm_sequence, lstm_step
+from rlperf.torch_api import torch_has
 
 # nn.LSTMCell's weights, in the order nn.LSTM keeps them (its names add the layer, `_l0`)
 LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
@@ -223,8 +227,28 @@ class Policy(nn.Module):
                                        (h.to(dtype)[None], c.to(dtype)[None]), weights, True, 1, 0.0, self.training,
                                        False)
             return out
-        out, _ = self.lstm(packed, (h[None], c[None]))
+        with full_fp32_rnn():
+            out, _ = self.lstm(packed, (h[None], c[None]))
         return out.data
+
+
+@contextlib.contextmanager
+def full_fp32_rnn() -> Iterator[None]:
+    """cuDNN's recurrent kernels in full float32 while inside: by default they compute float32 in TF32 on Ampere
+    and newer GPUs, about 2.5e-4 away from the float32 cell the rollout steps over 64 steps, so training would
+    not compute the rollout's function. torch 2.9 and newer say so per operation (torch.backends.cudnn.rnn.fp32_precision); before it, one switch
+    governed every cuDNN operation."""
+    if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+            yield
+        return
+    rnn = torch.backends.cudnn.rnn
+    saved = rnn.fp32_precision
+    rnn.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        rnn.fp32_precision = saved
 
 
 class EpisodePieces:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from reference_trainer.policy import EpisodePieces, Policy
+from rlperf.torch_api import torch_has
 
 T, B, OBS, HIDDEN, ACTIONS = 16, 9, 5, 12, 3
 
@@ -122,6 +123,29 @@ def test_the_sequence_lstm_is_the_cells_parameters():
     torch.testing.assert_close(policy.cell.weight_hh, cell_only[1].weight_hh, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch_has("torch.backends.cudnn.rnn.fp32_precision"), reason="torch 2.9's per-operation TF32 switch")
+def test_the_pieces_run_cudnns_lstm_in_full_float32_as_the_rollout_s_cell_computes(monkeypatch):
+    # cuDNN computes float32 in TF32 by default on Ampere and newer GPUs: training would then not compute the
+    # function the rollout's float32 cell computed
+    def rnn_precision():
+        return getattr(torch.backends.cudnn.rnn, "fp32_precision", None)
+
+    precision_inside = []
+    lstm_forward = torch.nn.LSTM.forward
+
+    def recording(self, *args, **kwargs):
+        precision_inside.append(rnn_precision())
+        return lstm_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.LSTM, "forward", recording)
+    policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True)
+    before = rnn_precision()
+    x, h0, c0 = torch.randn(T, B, HIDDEN), torch.randn(B, HIDDEN), torch.randn(B, HIDDEN)
+    policy.pieced_sequence(x, h0, c0, starts_where("random", torch.Generator().manual_seed(3)))
+    assert precision_inside == ["ieee"]
+    assert rnn_precision() == before
+
+
 @pytest.mark.parametrize("path", ["cell", "pieces"])
 def test_bf16_autocast_on_a_cpu_computes_the_sequence_in_bf16_and_trains_the_float32_weights(path):
     # pieces: the branch a GPU takes for bf16 (autocast would run cuDNN's LSTM in fp16), inputs and weights cast
@@ -147,9 +171,7 @@ def test_bf16_autocast_on_a_cpu_computes_the_sequence_in_bf16_and_trains_the_flo
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["random", "last", "every", "mixed"])
 def test_no_reset_leaks_through_cudnn(kind):
-    # cuDNN computes fp32 in TF32 unless told not to; the comparison needs full fp32 to be tight
-    from benches.micro.test_lstm import full_fp32_rnn
-
+    # in the policy's own precision: cuDNN computes fp32 in TF32 unless told not to, and the policy tells it
     torch.manual_seed(7)
     device = torch.device("cuda")
     policy = Policy(OBS, ACTIONS, HIDDEN, use_lstm=True, fused_cell=True).to(device)
@@ -157,9 +179,8 @@ def test_no_reset_leaks_through_cudnn(kind):
     # a large carried state: were it not zeroed at a start, the outputs after it would move far
     h0, c0 = 3 * torch.randn(B, HIDDEN, device=device), 3 * torch.randn(B, HIDDEN, device=device)
     starts = starts_where(kind, torch.Generator().manual_seed(8)).to(device)
-    with full_fp32_rnn():
-        fused = gradients(policy, Policy.forward, obs, h0, c0, starts)
-        loop = gradients(policy, reference_forward, obs, h0, c0, starts)
+    fused = gradients(policy, Policy.forward, obs, h0, c0, starts)
+    loop = gradients(policy, reference_forward, obs, h0, c0, starts)
     for got, expected in zip(fused[:4], loop[:4]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     for name in loop[4]:

@@ -201,10 +201,10 @@ def test_the_probe_says_in_one_line_why_it_cannot_describe_this_torch(monkeypatc
 
 
 def test_before_torch_2_9_full_fp32_rnns_are_asked_of_cudnns_one_switch(monkeypatch):
-    from benches.micro import test_lstm
+    from reference_trainer import policy
 
-    monkeypatch.setattr(test_lstm, "torch_has", lambda api: False)  # a torch without rnn.fp32_precision
+    monkeypatch.setattr(policy, "torch_has", lambda api: False)  # a torch without rnn.fp32_precision
     before = torch.backends.cudnn.allow_tf32
-    with test_lstm.full_fp32_rnn():
+    with policy.full_fp32_rnn():
         assert torch.backends.cudnn.allow_tf32 is False
     assert torch.backends.cudnn.allow_tf32 == before

@@ -6,13 +6,10 @@ policy runs eagerly on the device (the written-out sequence LSTM on a CPU)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
-from reference_trainer.policy import Policy
-from rlperf.torch_api import torch_has
+from reference_trainer.policy import Policy, full_fp32_rnn
 
 INPUT, HIDDEN, HORIZON = 64, 128, 64
 
@@ -37,24 +34,6 @@ def step_by_step(cell, sequence):
 
 def whole_sequence(fused, sequence):
     return fused(sequence)[0]
-
-
-@contextlib.contextmanager
-def full_fp32_rnn():
-    """cuDNN's LSTM computes fp32 in TF32 by default on Ampere and newer, about 2.5e-4 away from LSTMCell's fp32
-    over 64 steps; the reference must be full fp32. torch 2.9 and newer say so per operation
-    (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN operation."""
-    if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
-        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
-            yield
-        return
-    rnn = torch.backends.cudnn.rnn
-    saved = rnn.fp32_precision
-    rnn.fp32_precision = "ieee"
-    try:
-        yield
-    finally:
-        rnn.fp32_precision = saved
 
 
 @pytest.mark.parametrize("batch", [64, 512])
