@@ -9,8 +9,10 @@ ARGS...` by running the module as `-m` would, so what it measures is what a fres
 CUDA context, allocator, threads, seeds and env, nothing run before it but imports.
 
 What makes the fork safe, checked before the server says it is ready: no Python thread besides the main one,
-and no CUDA driver loaded (torch imports without initializing CUDA; a driver initialized before fork is
-unusable in the child). A server that finds either refuses, and its caller starts fresh processes.
+and CUDA not initialized (a CUDA context made before a fork is unusable in the child). A CUDA build of torch
+loads the driver's library when imported but initializes nothing until first used; with the library loaded,
+the server forks one probe child that computes on the GPU, so what the children will do is shown to work
+before any of them is measured. A server that finds a hazard refuses, and its caller starts fresh processes.
 
 The child is started as `spawn` starts one (rlperf/processes.py): in a session of its own, killed when the
 server dies, and the server dies with its caller; its CPU time, which its caller cannot wait for, comes back
@@ -182,7 +184,39 @@ def fork_hazard() -> str | None:
         return f"{threading.active_count()} Python threads run after the imports"
     with open("/proc/self/maps") as maps:
         if any("libcuda.so" in line for line in maps):
-            return "the CUDA driver was loaded by the imports"
+            return cuda_hazard()
+    return None
+
+
+def cuda_hazard() -> str | None:
+    """With the CUDA driver's library loaded, why a child forked now could not use CUDA, if it could not:
+    torch initialized CUDA here, or a forked probe child's first work on the GPU failed (something else
+    initialized it). On a machine without a GPU the probe finds none, which is no hazard."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "the CUDA driver was loaded by the imports, and without torch nothing says it was not initialized"
+    if torch.cuda.is_initialized():
+        return "torch initialized CUDA during the imports"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        failure = b""
+        try:
+            if torch.cuda.is_available():
+                torch.ones(1, device="cuda").add_(1).cpu()
+        except BaseException as error:  # whatever it is, the parent reports it and forks no trainer
+            failure = f"{type(error).__name__}: {error}".encode()[:2000]
+        os.write(write, failure)
+        os._exit(1 if failure else 0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        failure = pipe.read().decode(errors="replace").strip()
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        why = failure.splitlines()[0] if failure else f"exit code {code}"
+        return f"a child forked after the imports could not use CUDA ({why})"
     return None
 
 

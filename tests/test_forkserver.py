@@ -116,6 +116,20 @@ def test_a_server_refuses_to_fork_an_interpreter_with_a_thread_running():
     assert said.splitlines() == ["None", "2 Python threads run after the imports"]
 
 
+def test_with_the_cuda_driver_loaded_a_server_forks_only_once_a_probe_child_has_used_the_gpu():
+    # A CUDA build of torch loads the driver's library on import and initializes nothing: that alone is no
+    # hazard. Here (a CPU torch) the probe finds no GPU; then one whose first GPU work fails; then CUDA
+    # initialized before the fork.
+    code = ("import torch; from rlperf.forkserver import cuda_hazard; print(cuda_hazard()); "
+            "torch.cuda.is_available = lambda: True; print(cuda_hazard()); "
+            "torch.cuda.is_initialized = lambda: True; print(cuda_hazard())")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = said.stdout.splitlines()
+    assert lines[0] == "None" and lines[2] == "torch initialized CUDA during the imports", said.stderr
+    assert lines[1].startswith("a child forked after the imports could not use CUDA (AssertionError: Torch not "
+                               "compiled with CUDA enabled")
+
+
 # The harness: a server and one sleeping child, their pids recorded, then it sleeps until killed.
 HARNESS = textwrap.dedent("""
     import sys, time
@@ -185,8 +199,9 @@ def test_forked_and_fresh_trainers_train_alike_and_the_account_says_how_each_sta
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_a_forked_trainer_trains_as_a_fresh_one_does(tmp_path):
-    """torch's imports must leave the CUDA driver unloaded, or the server refuses and every repeat starts
-    fresh: the forked trainer must have been forked, and train on the GPU to a fresh trainer's losses."""
+    """torch's imports load the CUDA driver's library and must initialize nothing, or the server refuses and
+    every repeat starts fresh (on an H100 with torch 2.11 every GPU repeat did, refused for the library alone):
+    the forked trainer must have been forked, and train on the GPU to a fresh trainer's losses."""
     config = {"env": "synthetic", "device": "cuda", "num_envs": 256, "horizon": 16, "hidden_size": 64,
               "minibatch_size": 1024, "total_steps": 256 * 16 * 3, "warmup_epochs": 1}
     point = Point(key="k", axes={}, config=dataclasses.asdict(TrainConfig(**config)))
