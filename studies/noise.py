@@ -17,7 +17,8 @@ LSTM-128 at 4096 envs eager and with CUDA graphs (GPU_LEVERS), each in pairs of 
 the bench harness (benches/runner.py), so NVML is sampled around every process: the processes go to a results
 store under --out, one repeat each, and `rlperf report STORE::RUN` shows every repeat's SM clock, clock-event
 reasons and temperature beside its SPS; the JSON gives each point's process and pair spread and each process's
-clock, reasons and temperature.
+clock, reasons and temperature. `--seconds S` starts no round that would end past S seconds and analyses the
+rounds done.
 
 Per lever: median steady SPS, the robust log SD of one process's SPS, the robust SD of a pair's log ratio (what
 the paired tests see), the correlation of a pair's two processes, seconds per pair, and decisions per minute

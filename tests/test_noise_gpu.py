@@ -26,6 +26,18 @@ def test_a_process_s_gpu_readings_are_its_own_repeat_s():
     assert noise.gpu_readings(rows, 2) == {"nvml": "no readings"}
 
 
+def test_a_study_out_of_seconds_stores_the_rounds_it_finished(tmp_path, monkeypatch, capsys):
+    # the GPU study's loop at CPU sizes: with no seconds to spare, the first round is the last
+    monkeypatch.setattr(noise, "GPU_POINT", {"env": "synthetic", "hidden_size": 16, "num_envs": 16, "horizon": 8,
+                                             "minibatch_size": 64, "total_steps": 16 * 8 * 3, "warmup_epochs": 1})
+    monkeypatch.setattr(noise, "GPU_LEVERS", {"one thread": {"threads": 1}, "two threads": {"threads": 2}})
+    report = noise.measure_gpu(3, tmp_path, "cpu", seconds=0)
+    assert "stopped after 1 round: another would end past --seconds 0" in capsys.readouterr().out
+    assert [len(lever["processes"]) for lever in report["levers"].values()] == [2, 2]
+    with Store.open(tmp_path / "results.sqlite", readonly=True) as store:
+        assert len(load_run(store, report["run"]).samples) == 4
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_pairs_are_stored_with_each_process_s_clock(tmp_path, monkeypatch):
