@@ -4,9 +4,10 @@ The rollout steps the recurrent cell once per environment step; training runs wh
 the same weights, with the state zeroed exactly where an episode started, so both see the same function.
 On a GPU, training cuts each sequence at its episode starts into pieces that cross no start, and runs all
 pieces through cuDNN's fused LSTM in one call, each from its true initial state: the carried state for a
-sequence's first piece, zeros for a piece that begins an episode, in full float32 as the rollout's cell computes
-(cuDNN would compute float32 in TF32 on Ampere and newer GPUs, another function). On a CPU it runs the sequence as one
-autograd function whose forward and backward are written out step by step (reference_trainer/lstm_sequence.py).
+sequence's first piece, zeros for a piece that begins an episode; in full float32, as the rollout's cell
+computes (cuDNN would compute float32 in TF32 on Ampere and newer GPUs, another function). On a CPU it runs the
+sequence as one autograd function whose forward and backward are written out step by step
+(reference_trainer/lstm_sequence.py).
 uint8 observations (pixels) arrive on the device as bytes and are scaled to [0, 1] here.
 """
 
@@ -236,8 +237,8 @@ class Policy(nn.Module):
 def full_fp32_rnn() -> Iterator[None]:
     """cuDNN's recurrent kernels in full float32 while inside: by default they compute float32 in TF32 on Ampere
     and newer GPUs, about 2.5e-4 away from the float32 cell the rollout steps over 64 steps, so training would
-    not compute the rollout's function. torch 2.9 and newer say so per operation (torch.backends.cudnn.rnn.fp32_precision); before it, one switch
-    governed every cuDNN operation."""
+    not compute the rollout's function. torch 2.9 and newer say so per operation
+    (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN operation."""
     if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
         with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
             yield

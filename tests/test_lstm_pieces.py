@@ -123,7 +123,8 @@ def test_the_sequence_lstm_is_the_cells_parameters():
     torch.testing.assert_close(policy.cell.weight_hh, cell_only[1].weight_hh, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not torch_has("torch.backends.cudnn.rnn.fp32_precision"), reason="torch 2.9's per-operation TF32 switch")
+@pytest.mark.skipif(not torch_has("torch.backends.cudnn.rnn.fp32_precision"),
+                    reason="needs torch 2.9's per-operation TF32 switch")
 def test_the_pieces_run_cudnns_lstm_in_full_float32_as_the_rollout_s_cell_computes(monkeypatch):
     # cuDNN computes float32 in TF32 by default on Ampere and newer GPUs: training would then not compute the
     # function the rollout's float32 cell computed
