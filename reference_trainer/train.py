@@ -101,6 +101,11 @@ class Trainer:
         setup.lap("envs")
         # whether launch_step returns before its actions are ready (rollout says why the order depends on it)
         self.launches_queue_up = cfg.non_blocking
+        # Each eager step casts the weights to the autocast dtype anew on entering its autocast region; one
+        # region around the whole rollout keeps those casts for the epoch, the weights unchanged until the
+        # update. A graph holds its casts, and compiled steps are traced in the region they run in.
+        self.rollout_casts = autocast if autocast.dtype and autocast.cache_enabled and not cfg.compile \
+            else contextlib.nullcontext
         env = self.envs[0]
         obs_dtype = torch.from_numpy(np.zeros(0, env.obs_dtype)).dtype
         self.policy, self.dtype_used = build_policy(cfg, env.obs_shape, env.num_actions, obs_dtype, device, autocast)
@@ -161,6 +166,10 @@ class Trainer:
 
     def rollout(self) -> None:
         """`horizon` steps of every environment, then the value of the observation after them."""
+        with self.rollout_casts():
+            self.rollout_steps()
+
+    def rollout_steps(self) -> None:
         T, x = self.cfg.horizon, self.experience
         self.timer.enter("eval_misc")
         x.start_rollout()

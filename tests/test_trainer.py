@@ -201,6 +201,20 @@ def test_bf16_on_cpu_really_computes_in_bf16():
     assert train(small(lstm=False, dtype="bf16"))["dtype_used"] == "bfloat16"
 
 
+def test_an_eager_bf16_rollout_casts_the_weights_once_an_epoch_not_once_a_step():
+    # each cast is four operators, and the eager rollout step on a GPU is paced by its launches
+    def weight_casts(horizon: int) -> int:
+        cfg = small(dtype="bf16", horizon=horizon, minibatch_size=8 * horizon, total_steps=16 * horizon * 3)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            train(cfg)
+        weight_shape = [4 * cfg.hidden_size, cfg.hidden_size]
+        return sum(1 for event in prof.events()
+                   if event.name == "aten::_to_copy" and list(event.input_shapes[0] or []) == weight_shape)
+
+    # twice the steps an epoch in as many epochs and minibatches: as many casts
+    assert weight_casts(8) == weight_casts(16) > 0
+
+
 def test_a_run_that_would_compute_in_another_dtype_is_refused(monkeypatch):
     # torch's fused LSTM cell ignores CPU autocast: forcing it on must turn "bf16" into an error, not fp32
     import reference_trainer.train as train_module
