@@ -5,7 +5,8 @@ the gate's own code.
 Night (the screen, the choice of suspects, the sequential confirmation; decisions/screening.py's rules, judged from the
 frames the store would hold) over many nights of a simulated machine (studies/simulated.py): heavy-tailed process
 noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
-contended processes some of which the monitor misses. Half the nights change nothing, so any `regressed`
+contended processes some of which the monitor misses; with `--graphed-noise`, the points with CUDA graphs at a
+noise of their own (`--noise h100-eager --graphed-noise h100-graphed`: what an H100 measured). Half the nights change nothing, so any `regressed`
 verdict is a false night; on the other half one point, drawn anew each night, is slowed by `--slowdown`, and a
 night is caught when that point is `regressed` (which fails the job). Rates come with 95% Clopper-Pearson
 intervals (scipy).
@@ -60,8 +61,10 @@ def rate(hits: int, trials: int) -> dict:
 
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
-             seed: int, walls: dict[str, float], process_s: float, night_s: float) -> dict:
-    machine = SimulatedMachine(noise, np.random.default_rng(seed), walls=walls, process_s=process_s)
+             seed: int, walls: dict[str, float], process_s: float, night_s: float,
+             graphed_noise: Noise | None = None) -> dict:
+    machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
+                               process_s=process_s)
     scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
     night = Night(plan, say=lambda text: None, clock=machine.clock)
     outcome = {"null": Counter(), "slowed": Counter()}
@@ -211,6 +214,9 @@ def main() -> None:
     parser.add_argument("--points", type=int, help="simulate only the first N points of the suite")
     parser.add_argument("--noise", default="gpu", help="gpu, or process=0.06,drift=0.6,night=0.03,... "
                                                        "(studies/simulated.Noise fields)")
+    parser.add_argument("--graphed-noise", help="the noise of the points with CUDA graphs, named or as fields like "
+                                                "--noise's (default: --noise); h100-eager and h100-graphed are "
+                                                "what an H100 measured")
     parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
     parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)
@@ -250,6 +256,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     noise = parse_noise(args.noise)
+    graphed_noise = parse_noise(args.graphed_noise) if args.graphed_noise else None
     points = [point for point in suites.load(args.suite).points
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),
@@ -268,9 +275,12 @@ def main() -> None:
             print(error, file=sys.stderr)
             raise SystemExit(2)
     results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
-                       args.night_s)
+                       args.night_s, graphed_noise)
+    graphed = {"graphed points": sum(bool(point.config.get("cuda_graphs")) for point in points),
+               "graphed noise": asdict(graphed_noise),
+               "graphed noise check": noise_check(graphed_noise, 20_000, args.seed)} if graphed_noise else {}
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
-               "noise check": noise_check(noise, 20_000, args.seed), "slowdown": args.slowdown,
+               "noise check": noise_check(noise, 20_000, args.seed), **graphed, "slowdown": args.slowdown,
                "plan": plan.to_dict(), "night_s": args.night_s,
                "process walls": {"from": str(args.walls_from or args.walls_store or "") or None,
                                  "outside the trainer": args.outside_s,

@@ -54,7 +54,13 @@ GPU_RUNNER = Noise(process=0.02, drift=0.3, night=0.03, point_night=0.01, conten
 # such a triple is under it).
 H100 = Noise(process=0.036, drift=0.3, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01,
              wide_share=0.2, wide=0.12)
-NOISES = {"gpu": GPU_RUNNER, "h100": H100}
+# The noise measured on an H100 by `studies.noise --device cuda` (results/nvidia-h100-2026-11-27: 4 pairs each of
+# fresh processes at LSTM-128, 4096 envs): eager processes spread by 15.9% and their pairs by 7.9%, graphed ones
+# by 3.1% and 2.6% (robust SDs, which a unit-variance t with 4 degrees of freedom puts at 0.78 of `process`).
+# The night offsets are the H100 model's, one night being all there was.
+H100_EAGER = Noise(process=0.2, drift=0.88, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
+H100_GRAPHED = Noise(process=0.04, drift=0.65, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
+NOISES = {"gpu": GPU_RUNNER, "h100": H100, "h100-eager": H100_EAGER, "h100-graphed": H100_GRAPHED}
 
 
 def parse_noise(text: str) -> Noise:
@@ -67,10 +73,12 @@ class SimulatedMachine:
     """One machine over one night: `slowdowns` maps (side, point key) to the fraction of SPS that side's code
     loses at that point. Processes are drawn in the order they are run, across every runner of the night; each
     moves the machine's clock (`clock()`, what a budget in seconds is spent on) by its point's wall, `walls` by
-    point key, else `process_s`."""
+    point key, else `process_s`. A graphed point's processes draw their luck at `graphed_noise` where it is given
+    (a CUDA graph's step is the device's, an eager step is paced by the host's launches)."""
 
     noise: Noise
     rng: np.random.Generator
+    graphed_noise: Noise | None = None
     slowdowns: dict[tuple[str, str], float] = field(default_factory=dict)
     base_sps: float = 10_000.0
     luck: float = 0.0
@@ -95,9 +103,12 @@ class SimulatedMachine:
         self.night_offset = self.rng.normal(0, self.noise.night)
         self.point_offsets = {}
 
-    def _shock(self) -> float:
+    def noise_of(self, point: Point) -> Noise:
+        return self.graphed_noise if self.graphed_noise and point.config.get("cuda_graphs") else self.noise
+
+    def _shock(self, noise: Noise | None = None) -> float:
         """A process's luck before drift: Student-t scaled to unit variance, or normal."""
-        noise = self.noise
+        noise = noise or self.noise
         if not noise.tail_df:
             return self.rng.normal()
         return self.rng.standard_t(noise.tail_df) * math.sqrt((noise.tail_df - 2) / noise.tail_df)
@@ -107,10 +118,10 @@ class SimulatedMachine:
 
     def draw(self, side: str, point: Point) -> tuple[float, bool]:
         """One process's steady SPS, and whether the monitor flagged it contended."""
-        noise = self.noise
+        noise = self.noise_of(point)
         if point.key not in self.point_offsets:
             self.point_offsets[point.key] = self.rng.normal(0, noise.point_night)
-        self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * self._shock()
+        self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * self._shock(noise)
         level = math.log(self.base_sps) + _point_level(point.key) + self.night_offset + self.point_offsets[point.key]
         luck = noise.process * self.luck
         if noise.wide_share and self.rng.random() < noise.wide_share:

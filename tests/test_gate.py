@@ -178,6 +178,15 @@ def test_a_simulated_night_seeded_anew_draws_the_same_processes_whatever_came_be
     assert [second.draw(side, point) for point in NIGHTLY[:3] for side in SIDES] != tonight[0]
 
 
+def test_a_simulated_graphed_point_draws_its_luck_at_the_graphed_noise():
+    # on a GPU an eager step is paced by the host's launches and a graph's by the device: their spreads differ
+    quiet, wide = Noise(process=0.0, tail_df=None), Noise(process=0.3, tail_df=None)
+    machine = SimulatedMachine(quiet, np.random.default_rng(3), graphed_noise=wide)
+    eager, graphed = (suites.Point(key=str(knob), axes={}, config={"cuda_graphs": knob}) for knob in (False, True))
+    assert len({machine.draw("ref", eager)[0] for _ in range(5)}) == 1
+    assert len({machine.draw("ref", graphed)[0] for _ in range(5)}) == 5
+
+
 def test_skipped_points_neither_pass_nor_fail_the_night():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(2))
     found = night(machine, points=NIGHTLY[:4], skip=lambda point: "needs 8 GPUs" if point is NIGHTLY[0] else None)
