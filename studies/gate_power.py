@@ -42,7 +42,7 @@ from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCRE
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from studies import night_forecast
-from studies.simulated import Noise, SimulatedMachine, parse_noise
+from studies.simulated import NOISES, Noise, SimulatedMachine, parse_noise
 from decisions import screening as rules
 from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
@@ -255,8 +255,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    noise = parse_noise(args.noise)
-    graphed_noise = parse_noise(args.graphed_noise) if args.graphed_noise else None
+    try:
+        noise = parse_noise(args.noise)
+        graphed_noise = parse_noise(args.graphed_noise) if args.graphed_noise else None
+    except (TypeError, ValueError):
+        print(f"noise: allowed {', '.join(NOISES)}, or Noise fields as process=0.06,drift=0.6 "
+              f"(--noise {args.noise!r}, --graphed-noise {args.graphed_noise!r})", file=sys.stderr)
+        raise SystemExit(2)
     points = [point for point in suites.load(args.suite).points
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),

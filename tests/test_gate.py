@@ -25,7 +25,7 @@ from benches import suite as suites
 from benches.night import REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.pairing import SIDES, frames
 from benches.options import ProcessOptions
-from studies.simulated import GPU_RUNNER, Noise, SimulatedMachine
+from studies.simulated import GPU_RUNNER, H100_EAGER, Noise, SimulatedMachine
 from decisions import screening as rules
 from decisions import sequential
 from decisions.rundata import load_run
@@ -185,6 +185,15 @@ def test_a_simulated_graphed_point_draws_its_luck_at_the_graphed_noise():
     eager, graphed = (suites.Point(key=str(knob), axes={}, config={"cuda_graphs": knob}) for knob in (False, True))
     assert len({machine.draw("ref", eager)[0] for _ in range(5)}) == 1
     assert len({machine.draw("ref", graphed)[0] for _ in range(5)}) == 5
+
+
+def test_a_study_of_processes_that_take_no_time_is_never_cut_short_by_the_night():
+    # without walls a simulated pair costs 0 s: the night's budget cannot bind, and must not divide by it
+    from studies import gate_power
+
+    # at the H100's eager noise a suspect's confirmation runs past its first look, where the budget is weighed
+    found = gate_power.simulate(NIGHTLY[:4], gate_plan(ProcessOptions()), H100_EAGER, 0.10, 4, 3, {}, 0.0, 3600.0)
+    assert found["false night"]["trials"] == 2 and found["caught"]["trials"] == 2
 
 
 def test_skipped_points_neither_pass_nor_fail_the_night():
