@@ -6,10 +6,10 @@ Night (the screen, the choice of suspects, the sequential confirmation; decision
 frames the store would hold) over many nights of a simulated machine (studies/simulated.py): heavy-tailed process
 noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
 contended processes some of which the monitor misses; with `--graphed-noise`, the points with CUDA graphs at a
-noise of their own (`--noise h100-eager --graphed-noise h100-graphed`: what an H100 measured). Half the nights change nothing, so any `regressed`
-verdict is a false night; on the other half one point, drawn anew each night, is slowed by `--slowdown`, and a
-night is caught when that point is `regressed` (which fails the job). Rates come with 95% Clopper-Pearson
-intervals (scipy).
+noise of their own (`--noise h100-eager --graphed-noise h100-graphed`: what an H100 measured). Half the nights
+change nothing, so any `regressed` verdict is a false night; on the other half one point, drawn anew each night,
+is slowed by `--slowdown`, and a night is caught when that point is `regressed` (which fails the job). Rates come
+with 95% Clopper-Pearson intervals (scipy).
 
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
 studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
