@@ -116,9 +116,9 @@ class Pairing:
         """Says once, at the first look, when the budget is unlikely to reach a decision at the noise measured."""
         decision = verdict.decision
         needed = pairs_to_decide(decision.spread, math.log1p(decision.naive), self.design)
+        left = deadline - self.clock()
         # pairs that took no time (a simulated machine without walls) leave the budget unbound
-        affordable = self.design.max_pairs if pair_s <= 0 else decision.pairs + max(0, int((deadline - self.clock())
-                                                                                          / pair_s))
+        affordable = decision.pairs + max(0, int(left / pair_s)) if pair_s > 0 else self.design.max_pairs
         if needed is None or needed <= min(affordable, self.design.max_pairs):
             return False
         self.say(f"{point.label}: at the pair spread measured ({decision.spread:.1%}) and a change of "
