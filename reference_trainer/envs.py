@@ -18,6 +18,8 @@ import importlib
 import inspect
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -542,3 +544,56 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0,
                             env_offset, np.dtype(cfg.obs_dtype))
     return GymVecEnv(cfg.env.removeprefix("gym:"), num_envs, seed, cfg.vectorization, cfg.env_threads,
                      cfg.env_workers)
+
+
+class EnvGroups(NamedTuple):
+    envs: list[VecEnv | DeviceSyntheticEnv]
+    first_obs: list  # each group's observations after its reset
+    start_seconds: float  # from the first group's building to the last group's reset
+
+
+def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: torch.device,
+                    meanwhile: Callable[[], None]) -> EnvGroups:
+    """This rank's `num_envs` envs from global index `first_env`, in `cfg.env_groups` groups of equal size, each
+    built and reset.
+
+    Host envs are built and reset at once, a thread for each group, while `meanwhile` runs in the calling thread:
+    a group split among worker processes waits on its workers' sockets, so every group's workers build their
+    emulators together rather than a group's at a time, and the caller's own start-up work hides behind them. A
+    device env is built and reset in the calling thread, on the stream the trainer computes on."""
+    start = time.perf_counter()
+    size = num_envs // cfg.env_groups
+    offsets = [first_env + g * size for g in range(cfg.env_groups)]
+    if cfg.env == "synthetic-device":
+        envs = [make_env(cfg, size, offset, device) for offset in offsets]
+        first_obs = [env.reset() for env in envs]
+        seconds = time.perf_counter() - start
+        meanwhile()
+        return EnvGroups(envs, first_obs, seconds)
+
+    def build_and_reset(offset: int) -> tuple[VecEnv, np.ndarray, float]:
+        env = make_env(cfg, size, offset)
+        try:
+            return env, env.reset(), time.perf_counter()
+        except BaseException:
+            env.close()
+            raise
+
+    def close_the_built(groups: list[Future]) -> None:
+        for group in groups:
+            if group.exception() is None:
+                group.result()[0].close()
+
+    with ThreadPoolExecutor(cfg.env_groups, thread_name_prefix="env-build") as builders:
+        building = [builders.submit(build_and_reset, offset) for offset in offsets]
+        try:
+            meanwhile()
+        except BaseException:
+            close_the_built(building)
+            raise
+    failures = [group.exception() for group in building if group.exception() is not None]
+    if failures:
+        close_the_built(building)
+        raise failures[0]
+    envs, first_obs, finished = zip(*(group.result() for group in building))
+    return EnvGroups(list(envs), list(first_obs), max(finished) - start)

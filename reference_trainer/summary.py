@@ -64,8 +64,9 @@ class RunSummary:
 
     @classmethod
     def of_run(cls, cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float, warmup_seconds: float,
-               compile_seconds: float, setup_seconds: dict[str, float], dtype_used: torch.dtype, device: torch.device,
-               steady_window_unix_ns: list[int], h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
+               compile_seconds: float, env_start_seconds: float, setup_seconds: dict[str, float],
+               dtype_used: torch.dtype, device: torch.device, steady_window_unix_ns: list[int],
+               h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
                profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
         """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
         ranks, every rank calls this: they gather each other's steady figures into `ranks`."""
@@ -85,7 +86,7 @@ class RunSummary:
             sps_end_to_end=steps / wall_seconds,
             warmup_seconds=warmup_seconds,
             compile_seconds=compile_seconds,
-            env_start_seconds=setup_seconds["envs"],
+            env_start_seconds=env_start_seconds,
             setup_seconds=setup_seconds,
             wall_seconds=wall_seconds,
             steps=steps,

@@ -15,6 +15,7 @@ tracing.py; its summary is summary.py.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from typing import Callable
 
@@ -23,7 +24,7 @@ import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
-from reference_trainer.envs import make_env
+from reference_trainer.envs import make_env_groups
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
@@ -94,8 +95,14 @@ class Trainer:
         self.compute_stream, self.copy_delay_cycles = compute_stream, copy_delay_cycles
         autocast = Autocast(device, cfg)
         n = cfg.envs_per_rank
-        self.envs = [make_env(cfg, n // cfg.env_groups, rank.rank * n + g * (n // cfg.env_groups), device)
-                     for g in range(cfg.env_groups)]
+
+        def import_what_adam_imports() -> None:
+            # Adam's constructor imports torch._dynamo, seconds of a fresh process: they pass while the envs build
+            importlib.import_module("torch._dynamo")
+            setup.lap("libraries")
+
+        groups = make_env_groups(cfg, n, rank.rank * n, device, meanwhile=import_what_adam_imports)
+        self.envs, self.env_start_seconds = groups.envs, groups.start_seconds
         self.env_on_device = cfg.env == "synthetic-device"
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1) for env in self.envs]
         setup.lap("envs")
@@ -135,7 +142,7 @@ class Trainer:
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")
         T = cfg.horizon
-        first = [env.reset() for env in self.envs]
+        first = groups.first_obs
         self.experience.obs[T].copy_(torch.cat(first) if self.env_on_device else torch.from_numpy(np.concatenate(first)))
         self.experience.starts[T].fill_(1.0)
         setup.lap("envs")
@@ -354,7 +361,7 @@ class Trainer:
             env.close()
         return RunSummary.of_run(
             self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
-            compile_seconds=self.calls.compile_seconds,
+            compile_seconds=self.calls.compile_seconds, env_start_seconds=self.env_start_seconds,
             setup_seconds=self.setup_seconds, dtype_used=self.dtype_used, device=self.device,
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
             h2d_bytes_per_step=0 if self.env_on_device else self.experience.h2d_bytes_per_step, work=self.work,

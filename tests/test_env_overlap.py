@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+import reference_trainer.envs as envs_module
 import reference_trainer.train as train_module
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.envs import GymVecEnv
@@ -39,7 +40,7 @@ def overlapped_always(monkeypatch) -> None:
 def record_stepping_threads(monkeypatch) -> set[str]:
     """The names of the threads the envs' steps ran in, filled as the run steps."""
     names: set[str] = set()
-    make_env = train_module.make_env
+    make_env = envs_module.make_env
 
     def recording(*args, **kwargs):
         env = make_env(*args, **kwargs)
@@ -52,7 +53,7 @@ def record_stepping_threads(monkeypatch) -> set[str]:
         env.step = recorded_step
         return env
 
-    monkeypatch.setattr(train_module, "make_env", recording)
+    monkeypatch.setattr(envs_module, "make_env", recording)
     return names
 
 
@@ -103,7 +104,7 @@ def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatc
     launches: dict[int, int] = {}
     gates: dict[tuple[int, int], threading.Event] = {}
     timed_out = []
-    launch_step, make_env = train_module.Trainer.launch_step, train_module.make_env
+    launch_step, make_env = train_module.Trainer.launch_step, envs_module.make_env
 
     def gate(group, k):
         return gates.setdefault((group, k), threading.Event())
@@ -129,7 +130,7 @@ def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatc
         return env
 
     monkeypatch.setattr(train_module.Trainer, "launch_step", witnessed_launch)
-    monkeypatch.setattr(train_module, "make_env", gated)
+    monkeypatch.setattr(envs_module, "make_env", gated)
     overlapped_always(monkeypatch)
     train(small(env="memory", env_groups=2, total_steps=8 * 8 * 2))
     assert steps_taken == {0: 2 * 8, 4: 2 * 8} and not timed_out
@@ -138,7 +139,7 @@ def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatc
 def test_the_summary_says_how_much_env_time_the_overlap_hid(monkeypatch):
     """An env step of 20 ms beside a policy step of 30 ms (both sleeping, so neither holds the interpreter):
     overlapped, the trainer waits for little of the env's time; in sequence, for all of it."""
-    make_env, launch_step = train_module.make_env, train_module.Trainer.launch_step
+    make_env, launch_step = envs_module.make_env, train_module.Trainer.launch_step
 
     def slow_env(*args, **kwargs):
         env = make_env(*args, **kwargs)
@@ -150,7 +151,7 @@ def test_the_summary_says_how_much_env_time_the_overlap_hid(monkeypatch):
         launch_step(self, group, t)
         time.sleep(0.03)
 
-    monkeypatch.setattr(train_module, "make_env", slow_env)
+    monkeypatch.setattr(envs_module, "make_env", slow_env)
     monkeypatch.setattr(train_module.Trainer, "launch_step", slow_policy)
     overlapped_always(monkeypatch)
     cfg = small(env="memory", env_groups=2, num_envs=4, horizon=4, minibatch_size=8, total_steps=4 * 4 * 3)

@@ -5,10 +5,11 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.env_workers import slices
-from reference_trainer.envs import GymVecEnv
+from reference_trainer.envs import GymVecEnv, make_env_groups
 from reference_trainer.train import train
 from rlperf.errors import MachineFault
 
@@ -82,3 +83,24 @@ def test_workers_are_refused_where_they_cannot_apply(values):
     with pytest.raises(ConfigError) as err:
         from_dict(values)
     assert err.value.field_name == "env_workers"
+
+
+def test_every_groups_workers_build_at_once_while_the_trainer_goes_on_with_its_own_start_up(tmp_path, monkeypatch):
+    """Two groups of two workers and the caller's own start-up work must all be under way at once: the env's
+    constructor waits for all five, so a group built after another, or start-up work done after the envs, fails."""
+    from rendezvous_env import rendezvous
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                                   os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("RLPERF_RENDEZVOUS_DIR", str(tmp_path))
+    monkeypatch.setenv("RLPERF_RENDEZVOUS_COUNT", "5")
+    cfg = validate(TrainConfig(env="gym:rendezvous_env:Rendezvous-v0", num_envs=8, env_groups=2, env_workers=2,
+                               minibatch_size=8, horizon=4))
+    groups = make_env_groups(cfg, 8, 0, torch.device("cpu"), meanwhile=lambda: rendezvous(tmp_path, 5))
+    try:
+        assert [env._env.slices for env in groups.envs] == [[(0, 2), (2, 4)]] * 2
+        np.testing.assert_array_equal(np.concatenate(groups.first_obs), np.full((8, 3), 0.5, np.float32))
+        assert groups.start_seconds > 0
+    finally:
+        for env in groups.envs:
+            env.close()

@@ -21,6 +21,7 @@ import torch
 from rlperf.machine import cuda_uuid, nvml_gpus, probe
 from benches.runner import config_mismatch
 from profilers import trace_events
+from reference_trainer import envs as envs_module
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import EpisodePieces, Policy
@@ -138,10 +139,10 @@ class RecordingEnv:
 
 def actions_taken(monkeypatch, **knobs) -> np.ndarray:
     actions: list = []
-    make_env = trainer.make_env
-    monkeypatch.setattr(trainer, "make_env", lambda *args, **kwargs: RecordingEnv(make_env(*args, **kwargs), actions))
+    make_env = envs_module.make_env
+    monkeypatch.setattr(envs_module, "make_env", lambda *args, **kwargs: RecordingEnv(make_env(*args, **kwargs), actions))
     train(cuda_cfg(**knobs))
-    monkeypatch.setattr(trainer, "make_env", make_env)
+    monkeypatch.setattr(envs_module, "make_env", make_env)
     return np.stack(actions)  # one row per rollout step (one group)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-import reference_trainer.train as train_module
+import reference_trainer.envs as envs_module
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import GymVecEnv
 from rlperf.cpus import usable_cores
@@ -238,14 +238,14 @@ def test_reset_only_steps_get_no_weight_in_training(monkeypatch):
     assert clean["h2d_bytes_per_step"] == 20
 
     # the check can fail: a trainer that took the env for a same-step one trains on the poison
-    make_env = train_module.make_env
+    make_env = envs_module.make_env
 
     def unmasked(*args, **kwargs):
         env = make_env(*args, **kwargs)
         env.next_step_reset = False
         return env
 
-    monkeypatch.setattr(train_module, "make_env", unmasked)
+    monkeypatch.setattr(envs_module, "make_env", unmasked)
     blind = train(validate(TrainConfig(env=f"gym:{countdown(AutoresetMode.NEXT_STEP, True)}", **SMALL)))
     assert blind["h2d_bytes_per_step"] == 16
     assert [epoch["value"] for epoch in per_epoch_losses(blind)[1:]] != pytest.approx(
