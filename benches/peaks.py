@@ -7,13 +7,13 @@ and on CUDA host->device and device->host copies from pinned and pageable memory
 kernel (rlperf/peaks.py) that this machine's runs in the store computed and whose rate is not stored yet; a
 sweep measures those for its own run by itself.
 
-How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls), then half as many
-calls again are timed to size the timings, then it is timed TIMINGS times, each timing as many calls as
-take about TIMING_S; the value is the median of those rates. A host clock brackets each timing, the device
-synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
-timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny
-op's rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the
-thread count its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need)
+How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls, each waited for on a
+GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing
+as many calls as take about TIMING_S; the value is the median of those rates. A host clock brackets each
+timing, the device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a
+GPU they are timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost
+(the tiny op's rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at
+the thread count its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need)
 as JSON on stdin and writes the measured rows as JSON on stdout.
 """
 
@@ -342,6 +342,9 @@ class Timer:
         with torch.cuda.stream(stream) if graphed else contextlib.nullcontext():
             while self.warmup_calls < MIN_WARMUP_CALLS or time.perf_counter() - start < WARMUP_S:
                 call()
+                # A GPU call returns once launched: unwaited, WARMUP_S of launches queued about 1,000 float32
+                # products of 8192³, 20 s of an H100, and the calibration after them half as many again.
+                self.sync()
                 self.warmup_calls += 1
         # The first calls set up caches and kernels: the calls per timing come from the warm-up's second half.
         calibration = max(1, self.warmup_calls // 2)

@@ -169,6 +169,33 @@ def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
     assert rows[1]["method"]["bytes"] == 8 * 2**20
 
 
+class QueuedDevice:
+    """A GPU's asynchrony: a call queues `call_s` of device work and returns at once; a sync waits for the queue."""
+
+    def __init__(self, call_s: float):
+        self.call_s, self.queued, self.most_queued = call_s, 0.0, 0.0
+
+    def call(self) -> None:
+        self.queued += self.call_s
+        self.most_queued = max(self.most_queued, self.queued)
+        if self.queued > 1.0:  # far past any timing the probe means to make: fail now rather than wait it out
+            raise AssertionError(f"{self.queued:.1f} s of device work queued unwaited")
+
+    def sync(self) -> None:
+        time.sleep(self.queued)
+        self.queued = 0.0
+
+
+def test_the_probe_never_queues_more_device_work_than_a_warm_up_or_a_timing_takes(monkeypatch):
+    device = QueuedDevice(call_s=0.001)
+    monkeypatch.setattr(probe.Timer, "sync", lambda timer: device.sync())
+    value, samples, method = probe.timed(device.call, 1.0, torch.device("cpu"))
+    assert method["warmup_calls"] >= probe.MIN_WARMUP_CALLS and len(samples) == probe.TIMINGS
+    # the calibration queues half the warm-up's calls, a timing about TIMING_S of calls: one call more at most
+    assert device.most_queued <= max(probe.WARMUP_S, probe.TIMING_S) + device.call_s
+    assert 0 < value <= 1 / device.call_s
+
+
 def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_rate():
     from reports.formatting import fmt_rate_range
 
