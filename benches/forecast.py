@@ -7,8 +7,9 @@ key, every setting both configs have equal) on the same machine fingerprint, sta
 fresh, benches/runner.py Launcher: a fresh one also pays for its imports): the harness's wall around the
 process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
 store has not run on this machine costs the median process of this machine; where the store holds no process
-of this machine started that way, nothing is forecast (`predict` gives None). The screen is 2 x screen_pairs
-processes a point (pairs made up for contention come on top); its refinement 2 x refine_pairs processes of each
+of this machine started that way, nothing is forecast (`predict` gives None). The screen is 2 x the point's
+screen pairs processes a point (`screen_history` and decisions/screening.screen_allocation share them out by each
+point's noise on earlier nights; pairs made up for contention come on top); its refinement 2 x refine_pairs processes of each
 of its leaders, which are not known before, so it is forecast between the cheapest and the costliest points; the
 confirmation costs nothing on a night without suspects and at most what the screen and refinement leave of the
 night, or its suspects' pairs if those cost less. Peaks are measured once per store and machine and are not
@@ -23,12 +24,15 @@ from statistics import median
 from typing import Any, Iterable
 
 from benches.suite import Point
+from decisions import screening as rules
 from decisions.screening import GatePlan
 from rlperf.store import Store
 
 # Processes per point a forecast is taken from (the newest first), and how many runs back it looks for them.
 RECENT_PROCESSES = 12
 RECENT_RUNS = 24
+# the earlier gate screens a point's noise is weighed from (screen_history), the newest first
+HISTORY_NIGHTS = 30
 SHOWN_POINTS = 5
 
 
@@ -37,12 +41,12 @@ class PointCost:
     label: str
     process_s: float
     known_from: int  # stored processes of this very point behind process_s (0: the machine's median)
+    pairs: int  # its screen pairs
 
 
 @dataclass(frozen=True)
 class Forecast:
     points: tuple[PointCost, ...]
-    screen_pairs: int
     suspects_s: float  # every suspect's pairs at the costliest points: the most a confirmation could use
     fallback_s: float  # what a point the store does not know was taken to cost: the machine's median process
     night_s: float  # the night, screen to confirmation
@@ -53,7 +57,7 @@ class Forecast:
         return sum(self.point_screen_s(point) for point in self.points)
 
     def point_screen_s(self, point: PointCost) -> float:
-        return 2 * self.screen_pairs * point.process_s
+        return 2 * point.pairs * point.process_s
 
     @property
     def confirm_max_s(self) -> float:
@@ -75,8 +79,10 @@ class Forecast:
         high = max(self.screen_s + self.refine_s[1], min(self.night_s, low + self.confirm_max_s))
         refine = (f"refinement {duration(self.refine_s[0])} to {duration(self.refine_s[1])}; "
                   if self.refine_s[1] else "")
-        out = [f"{heading}: screen {duration(self.screen_s)} ({len(self.points)} points x {2 * self.screen_pairs} "
-               f"processes; {known} of them from their own earlier processes here"
+        pairs = sorted({point.pairs for point in self.points})
+        each = f"x {2 * pairs[0]} processes" if len(pairs) == 1 else f"x {2 * pairs[0]} to {2 * pairs[-1]} processes"
+        out = [f"{heading}: screen {duration(self.screen_s)} ({len(self.points)} points {each}; {known} of them "
+               f"from their own earlier processes here"
                + (f", the others at this machine's median process ({self.fallback_s:.0f} s)"
                   if known < len(self.points) else "") + f"); {refine}"
                f"confirmation none without suspects, at most {duration(self.confirm_max_s)} (what the night of "
@@ -104,24 +110,26 @@ class Forecast:
 
 
 def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GatePlan, night_s: float,
-            launch: str) -> Forecast | None:
+            launch: str, screen_pairs: dict[str, int] | None = None) -> Forecast | None:
     """The forecast of a night over `points` (those the machine can run) on the machine `machine_key`, its
-    processes started as `launch` says, judged by `plan` within `night_s` seconds; None where the store holds no
-    such process of this machine (`unknown` says why)."""
+    processes started as `launch` says, each point screened in `screen_pairs[point key]` pairs (`plan.screen_pairs`
+    where it says none), judged by `plan` within `night_s` seconds; None where the store holds no such process of
+    this machine (`unknown` says why)."""
     points = list(points)
+    screen_pairs = screen_pairs or {}
     walls = process_walls(store, machine_key, points, launch)
     every = [wall for found in walls.values() for wall in found]
     if not every:
         return None
     fallback_s = median(every)
     costs = tuple(PointCost(point.label, median(walls[point.key]) if walls[point.key] else fallback_s,
-                            len(walls[point.key])) for point in points)
+                            len(walls[point.key]), screen_pairs.get(point.key, plan.screen_pairs)) for point in points)
     by_cost = sorted(cost.process_s for cost in costs)
     suspects = sum(2 * plan.max_pairs * process_s for process_s in by_cost[::-1][:plan.max_suspects])
     leaders = min(plan.refine_points, len(by_cost)) if plan.refine_pairs else 0
     refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]),
               2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
-    return Forecast(costs, plan.screen_pairs, suspects, fallback_s, night_s, refine)
+    return Forecast(costs, suspects, fallback_s, night_s, refine)
 
 
 def unknown(store: Store, machine_key: str) -> str:
@@ -157,6 +165,34 @@ def process_walls(store: Store, machine_key: str, points: list[Point], launch: s
             if wall is not None:
                 walls[key].append(wall)
     return walls
+
+
+def screen_history(store: Store, machine_key: str, points: list[Point], plan: GatePlan) -> dict[str, list[tuple]]:
+    """Per point key, the log ratios of its quiet pairs in each of the newest HISTORY_NIGHTS gate screens on this
+    machine that measured it (the same settings), judged by `plan`'s screen as the gate judged them."""
+    history: dict[str, list[tuple]] = {point.key: [] for point in points}
+    wanted = {point.key: point.config for point in points}
+    runs = store.runs()
+    if runs.empty:
+        return history
+    ids = set(runs["run_id"])
+    nights = 0
+    for row in runs[runs["machine_key"] == machine_key].iloc[::-1].itertuples():
+        entry = row.fingerprint.get(rules.GATE) or {}
+        ref = (entry.get("runs") or {}).get("screen_ref")
+        if (entry.get("stage"), entry.get("side")) != ("screen", "new") or ref not in ids:
+            continue
+        new_points = store.points(row.run_id)
+        configs = dict(zip(new_points["point_key"], new_points["config"]))
+        for screened in rules.screen(new_points, store.samples(row.run_id), store.points(ref), store.samples(ref),
+                                     plan):
+            key = screened.point_key
+            if key in wanted and screened.ratios and same_settings(wanted[key], configs[key]):
+                history[key].append(screened.ratios)
+        nights += 1
+        if nights >= HISTORY_NIGHTS:
+            break
+    return history
 
 
 def same_settings(wanted: dict[str, Any], stored: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -90,6 +91,7 @@ class Gate:
                 def create(stage: str) -> None:
                     for side in SIDES:
                         entry = {"stage": stage, "side": side, "baseline": self.baseline, "plan": plan.to_dict(),
+                                 "screen_pairs": allocation,
                                  "runs": {f"{s}_{d}": r for (s, d), r in self.runs.items()}}
                         label = f"{opts.label or 'gate'} {stage}: " + \
                             (f"{self.baseline} ({commit[:10]})" if side == "ref" else "working tree")
@@ -104,9 +106,12 @@ class Gate:
                             for side in SIDES}
 
                 runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
+                history = forecast.screen_history(store, machine_key(current), runnable, plan)
+                allocation = rules.screen_allocation(history, plan)
 
                 def forecast_night() -> forecast.Forecast | None:
-                    return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch)
+                    return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
+                                            allocation)
 
                 def record(stage: str, side: str, point_record: PointRecord) -> None:
                     nonlocal predicted
@@ -122,10 +127,10 @@ class Gate:
                 self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                          f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                          f"store {store.path}")
-                for line in foreword:
+                for line in [allocation_line(runnable, allocation, history, plan), *foreword]:
                     self.say(line)
                 started = time.monotonic()
-                night = Night(plan, self.say)
+                night = Night(plan, self.say, screen_pairs=allocation)
                 try:
                     night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
                               lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
@@ -165,6 +170,24 @@ class Gate:
         return code
 
 
+def allocation_line(points: list[suites.Point], allocation: dict[str, int], history: dict[str, list[tuple]],
+                    plan: rules.GatePlan) -> str:
+    """What the screen gives each point, and from how many earlier nights."""
+    nights = max((len(found) for found in history.values()), default=0)
+    if len(set(allocation.values())) <= 1:
+        why = ("no earlier screen here to weigh the points' noise by" if not nights else
+               f"the pairs of {nights} earlier night{'s' if nights > 1 else ''} here do not tell the points' "
+               f"noise apart")
+        return f"screen: {plan.screen_pairs} pairs a point ({why})"
+    counts = Counter(allocation.values())
+    most = max(points, key=lambda point: allocation[point.key])
+    return (f"screen: pairs shared by each point's pair spread on up to {nights} earlier nights here, "
+            f"{plan.screen_pairs} a point on average: " + ", ".join(f"{pairs} for {counts[pairs]} point"
+                                                                  f"{'s' if counts[pairs] > 1 else ''}"
+                                                                  for pairs in sorted(counts))
+            + f"; the most for {most.label}")
+
+
 def write_summary(path: Path, content: dict) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
@@ -188,7 +211,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"gets what the screen and refinement leave, above 0 and at most {MAX_TIMEOUT_S:g} "
                              f"(default {NIGHT_S:g})")
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
-                        help=f"pairs of processes every point gets in the screen, at least 2 (default {SCREEN_PAIRS})")
+                        help=f"pairs of processes a point gets in the screen on average, at least 2: shared out by "
+                             f"each point's pair spread in the store's earlier screens on this machine, every point "
+                             f"the same until they tell the points apart (default {SCREEN_PAIRS})")
     parser.add_argument("--refine-points", type=non_negative_int, default=REFINE_POINTS, metavar="N",
                         help=f"the points with the strongest screen that get {REFINE_PAIRS} more pairs before the "
                              f"suspects are chosen; 0 chooses from the screen alone (default {REFINE_POINTS})")

@@ -21,7 +21,8 @@ from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, in a
-# night of an hour): 3 screen pairs a point, 2 more for the 4 leaders, then what is left of the night to confirm,
+# night of an hour): 3 screen pairs a point on average (shared out by each point's noise on earlier nights, where
+# the store has them: decisions/screening.screen_allocation), 2 more for the 4 leaders, then what is left of the night to confirm,
 # the strongest suspect first and at LEAD_SHARE of alpha; README, "The gate", has the rates. Without the
 # refinement, the slowed point ranked behind two others or under the bar on 9.5% of bad nights; refining 6 leaders
 # lost more compiled points to the night's end than it saved from the screen; with 4 screen pairs the screen took
@@ -68,11 +69,14 @@ class Night:
     for the simulations of studies/gate_power.py."""
 
     def __init__(self, plan: rules.GatePlan, say: Callable[[str], None], rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, screen_pairs: dict[str, int] | None = None):
         self.plan = plan
         self.say = say
         self.rng = rng or random.Random()
         self.clock = clock  # the seconds the night's time is on
+        # each point's quiet pairs in the screen, by point key (decisions/screening.screen_allocation); the plan's
+        # screen_pairs for a point it does not name
+        self.screen_pairs = screen_pairs or {}
 
     def run(self, points: list[suites.Point], runners: Runners, record: Record,
             skip_reason: Callable[[suites.Point], str | None], gpu_uuids: Callable[[suites.Point], list[str]],
@@ -111,8 +115,9 @@ class Night:
             else:
                 directories = pairing.directories(index, point)
                 pair = quiet = 0
+                wanted = self.screen_pairs.get(point.key, self.plan.screen_pairs)
                 # a pair with a contended process is left out, so the screen makes up for it, within limits
-                while quiet < self.plan.screen_pairs and pair < 2 * self.plan.screen_pairs:
+                while quiet < wanted and pair < 2 * wanted:
                     if pairing.run_pair(pair, point, records, directories, gpu_uuids(point)) is not None:
                         break
                     quiet += not any(is_contended(records[side].samples[-1][1]) for side in SIDES)

@@ -2,8 +2,9 @@
 
 The gate measures both commits in one job, in pairs of processes (benches/gate.py), in stages:
 
-1. Screen: every point gets a few quiet pairs (`screen_pairs`; a pair with a contended process is made up
-   for, up to twice as many pairs). Each point's evidence is how much likelier its pairs are slowed by
+1. Screen: every point gets a few quiet pairs (`screen_pairs` on average, shared out by each point's pair
+   spread on earlier nights, `screen_allocation`; a pair with a contended process is made up for, up to twice as
+   many pairs). Each point's evidence is how much likelier its pairs are slowed by
    `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
    as wide as the night's pair spread (all points' pairs together, at most twice their spread within points).
 2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
@@ -34,6 +35,14 @@ night's chance of any false claim stays at most alpha.
 Why a refinement. Three pairs of each of 16 points at the H100's noise rank a point slowed by 10% among the
 two strongest on about 90% of nights and among the four strongest on 97%; two more pairs for those four bring
 it among the two suspects on 96-97%, for about 5 minutes of a night (studies/gate_power.py).
+
+Why the screen's pairs follow each point's noise. On a GPU an eager point's pairs spread three times as wide as a
+graphed point's (7.9% against 2.6% on an H100, results/nvidia-h100-2026-11-27), so three pairs each leave the
+eager points' slowdowns hard to see and spend a pair the graphed ones do not need. Shared by each point's spread on
+the store's earlier nights (`screen_allocation`; Neyman's allocation, the spreads shrunk toward their median by
+what chance explains), the same 48 pairs of the nightly's 16 points on one GPU became 2 for each graphed point and
+3 to 5 for the eager ones after 30 simulated nights of history, and the gate caught a point slowed by 10% on 948 of
+1,000 bad nights against 932 at three pairs each, on the same nights (studies/gate_power.py, `--history-nights`).
 
 Why the screen weighs evidence rather than the estimate. On a GPU a fifth of processes run at 12% noise
 beside 3.6% for the rest (studies/simulated.py, `H100`), so a third of pairs hold a wide process; in four pairs
@@ -219,13 +228,65 @@ def night_scale(screened: list[Screened], cap: float = 0.0) -> float:
         return SCALE_FLOOR
     spread = float(stats.median_abs_deviation(ratios, scale="normal"))
     if cap:
-        differences = np.concatenate([np.subtract.outer(s.ratios, s.ratios)[np.triu_indices(len(s.ratios), 1)]
-                                      for s in screened])
-        if len(differences) >= 2:
-            # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
-            within = float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
+        within = spread_within([s.ratios for s in screened])
+        if math.isfinite(within):
             spread = min(spread, cap * within)
     return max(SCALE_FLOOR, spread)
+
+
+def spread_within(groups: list[tuple[float, ...]]) -> float:
+    """A robust SD of pairs' log ratios from the differences between pairs of one group (a point's pairs of one
+    night), which no move of the point, that night or any other, widens; NaN from fewer than two differences."""
+    differences = np.concatenate([np.subtract.outer(g, g)[np.triu_indices(len(g), 1)] for g in groups if len(g)]
+                                 or [np.zeros(0)])
+    if len(differences) < 2:
+        return math.nan
+    # a difference of two pairs spreads sqrt(2) times as wide as one pair; |d|'s median is 0.674 of its SD
+    return float(np.median(np.abs(differences))) / (stats.norm.ppf(0.75) * math.sqrt(2))
+
+
+# degrees of freedom (pairs less one, each night) a point's earlier pairs need before its own spread counts
+MIN_SPREAD_DF = 4
+# the sampling variance of the log of a median-based SD from `df` degrees of freedom is about this over df (1/0.37
+# of the SD's own: the median's efficiency at the normal law)
+LOG_SPREAD_VARIANCE = 1.36
+
+
+def screen_allocation(history: dict[str, list[tuple[float, ...]]], plan: GatePlan) -> dict[str, int]:
+    """The screen's pairs for each point (key: point key) from its pairs on earlier nights (`history`: each night's
+    log ratios): `plan.screen_pairs` a point on average, shared in proportion to each point's pair spread (Neyman's
+    allocation, which makes the sum of the points' estimate variances least for the pairs spent), at least
+    `plan.min_quiet` and at most twice `plan.screen_pairs` a point.
+
+    A few nights give each point's spread only roughly, so the log spreads are shrunk toward their median by how much
+    more they differ than their sampling error explains (empirical Bayes): points that are alike share alike, points
+    that differ keep most of it. A share in proportion to the variance would give each point the same power, but it
+    doubles that error in the shares: with eight nights of history at the H100's noise it gave eager points 2 to 6
+    pairs. A point with
+    fewer than MIN_SPREAD_DF degrees of freedom is taken at the median; without two such points, or with no
+    difference between them beyond chance, every point gets `plan.screen_pairs`."""
+    df = {key: sum(max(0, len(night) - 1) for night in nights) for key, nights in history.items()}
+    logs = {key: math.log(spread) for key, nights in history.items()
+            if df[key] >= MIN_SPREAD_DF and (spread := spread_within(nights)) > 0}
+    center = float(np.median(list(logs.values()))) if logs else 0.0
+    sampling = float(np.mean([LOG_SPREAD_VARIANCE / df[key] for key in logs])) if logs else 0.0
+    between = max(0.0, float(np.var(list(logs.values()))) - sampling) if len(logs) >= 2 else 0.0
+    if not between:
+        return {key: plan.screen_pairs for key in history}
+    kept = between / (between + sampling)
+    weights = {key: math.exp(center + kept * (logs[key] - center)) if key in logs else math.exp(center)
+               for key in history}
+    low, high = plan.min_quiet, 2 * plan.screen_pairs
+    fixed: dict[str, float] = {}
+    while True:  # those a proportional share would take past a bound are held at it, the rest share what is left
+        free = {key: weight for key, weight in weights.items() if key not in fixed}
+        left = plan.screen_pairs * len(weights) - sum(fixed.values())
+        shares = {key: left * weight / sum(free.values()) for key, weight in free.items()} if free else {}
+        beyond = {key: (low if share < low else high) for key, share in shares.items() if not low <= share <= high}
+        if not beyond:
+            break
+        fixed.update(beyond)
+    return {key: int(min(high, max(low, round(fixed.get(key, shares.get(key, low)))))) for key in weights}
 
 
 def evidence(ratios: np.ndarray, scale: float, toward: float) -> np.ndarray:

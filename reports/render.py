@@ -96,7 +96,9 @@ def gate_section(found: list[screening.GateVerdict], plan: screening.GatePlan, b
     design = plan.confirmation(len([v for v in found if v.confirmation is not None]) or 1)
     text = [f"Baseline: {run_header(baseline)}, measured in the same job.",
             f"The gate measured both commits in pairs of processes, in an order drawn at random inside each pair. "
-            f"Screen: every point {plan.screen_pairs} pairs; {plan.screen_rule()}. Confirm: the first "
+            f"Screen: {plan.screen_pairs} pairs a point on average, shared out by each point's pair spread in the "
+            f"store's earlier screens where they tell the points apart (the screen column has each point's); "
+            f"{plan.screen_rule()}. Confirm: the first "
             f"{plan.max_suspects} suspects at most, each in "
             f"fresh pairs judged sequentially at {confirmation_levels(plan)} (looks at "
             f"{', '.join(map(str, design.looks))} quiet pairs here), so the chance of flagging any point on a night "

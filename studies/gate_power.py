@@ -11,6 +11,10 @@ change nothing, so any `regressed` verdict is a false night; on the other half o
 is slowed by `--slowdown`, and a night is caught when that point is `regressed` (which fails the job). Rates come
 with 95% Clopper-Pearson intervals (scipy).
 
+Before the nights studied, `--history-nights` unchanged nights are screened at `--screen-pairs` each, as a
+runner's store would hold them, and the screen's pairs are shared out by each point's spread in them, as the gate
+shares them (decisions/screening.py screen_allocation; 0: every point gets `--screen-pairs`).
+
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
 studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
 forecast takes from a store of real nights, such as a runner's; or `--process-s`), so the night's seconds
@@ -53,6 +57,8 @@ from rlperf.store import Store
 
 # the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
+# the history nights' seeds are [seed, HISTORY_STREAM, night], apart from the studied nights' [seed, night]
+HISTORY_STREAM = 7_000_001
 
 
 def rate(hits: int, trials: int) -> dict:
@@ -62,11 +68,13 @@ def rate(hits: int, trials: int) -> dict:
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
              seed: int, walls: dict[str, float], process_s: float, night_s: float,
-             graphed_noise: Noise | None = None) -> dict:
+             graphed_noise: Noise | None = None, history_nights: int = 0) -> dict:
     machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
                                process_s=process_s)
     scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
     night = Night(plan, say=lambda text: None, clock=machine.clock)
+    night.screen_pairs = rules.screen_allocation(drawn_history(night, machine, points, history_nights, seed), plan)
+    screen_processes = 2 * sum(night.screen_pairs.values())
     outcome = {"null": Counter(), "slowed": Counter()}
     processes = {"null": [], "slowed": []}
     seconds = {"null": [], "slowed": []}
@@ -130,8 +138,9 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         "processes per null night": float(np.mean(processes["null"])),
         "processes per bad night": float(np.mean(processes["slowed"])),
         "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
-        "pairs confirmed per null night": confirmed_pairs(processes["null"], points, plan),
-        "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], points, plan),
+        "screen pairs": {point.label: night.screen_pairs[point.key] for point in points},
+        "pairs confirmed per null night": confirmed_pairs(processes["null"], screen_processes),
+        "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], screen_processes),
         "confirmation seconds per null night": stage_seconds(seconds["null"], "confirm"),
         "confirmation seconds per bad night": stage_seconds(seconds["slowed"], "confirm"),
         "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
@@ -184,10 +193,30 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
     return f"confirmation stopped as {decision.status}"
 
 
-def confirmed_pairs(processes: list[int], points: list[suites.Point], plan: rules.GatePlan) -> float:
+def confirmed_pairs(processes: list[int], screen_processes: int) -> float:
     """Pairs a night spent confirming, on average: its processes beyond the screen's (made-up pairs counted as
     confirmation, a small overcount)."""
-    return float(np.mean([max(0, count - 2 * plan.screen_pairs * len(points)) / 2 for count in processes]))
+    return float(np.mean([max(0, count - screen_processes) / 2 for count in processes]))
+
+
+def drawn_history(night: Night, machine: SimulatedMachine, points: list[suites.Point], nights: int,
+                  seed: int) -> dict[str, list[tuple]]:
+    """What a runner's store holds of the points' noise before the nights studied: `nights` screens of unchanged
+    code at the plan's pairs, drawn as the studied nights are (from seeds of their own), each point's quiet pairs'
+    log ratios as the gate's screen reads them (benches/forecast.py screen_history)."""
+    history: dict[str, list[tuple]] = {point.key: [] for point in points}
+    scratch = Path("/nonexistent/simulated")
+    for index in range(nights):
+        rng = np.random.default_rng([seed, HISTORY_STREAM, index])
+        night.rng = random.Random(int(rng.integers(2 ** 63)))
+        machine.new_night(rng)
+        machine.slowdowns = {}
+        records = night.screen(points, {side: machine.runner(side, scratch) for side in SIDES},
+                               lambda stage, side, record: None, lambda point: None, lambda point: [])
+        for screened in night.screened(records, []):
+            if screened.ratios:
+                history[screened.point_key].append(screened.ratios)
+    return history
 
 
 def noise_check(noise: Noise, draws: int, seed: int) -> dict:
@@ -252,6 +281,10 @@ def main() -> None:
                         help="at most this many pairs in one suspect's confirmation")
     parser.add_argument("--gpus", type=int, help="leave out the points needing more GPUs than this, as a runner "
                                                  "with that many skips them (default: every point)")
+    parser.add_argument("--history-nights", type=int, default=forecast.HISTORY_NIGHTS,
+                        help="unchanged nights screened before those studied, whose pairs share the screen's pairs "
+                             "out by each point's noise as a runner's store would (0: every point gets "
+                             f"--screen-pairs; default {forecast.HISTORY_NIGHTS}, what the gate weighs at most)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -280,13 +313,13 @@ def main() -> None:
             print(error, file=sys.stderr)
             raise SystemExit(2)
     results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
-                       args.night_s, graphed_noise)
+                       args.night_s, graphed_noise, args.history_nights)
     graphed = {"graphed points": sum(bool(point.config.get("cuda_graphs")) for point in points),
                "graphed noise": asdict(graphed_noise),
                "graphed noise check": noise_check(graphed_noise, 20_000, args.seed)} if graphed_noise else {}
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
                "noise check": noise_check(noise, 20_000, args.seed), **graphed, "slowdown": args.slowdown,
-               "plan": plan.to_dict(), "night_s": args.night_s,
+               "plan": plan.to_dict(), "history nights": args.history_nights, "night_s": args.night_s,
                "process walls": {"from": str(args.walls_from or args.walls_store or "") or None,
                                  "outside the trainer": args.outside_s,
                                  "median": float(np.median(list(walls.values()))) if walls else args.process_s},

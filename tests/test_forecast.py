@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from benches import forecast
 from benches import suite as suites
 from benches.night import MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, gate_plan
 from benches.options import ProcessOptions
+from decisions import screening as rules
 from rlperf.store import PointRecord, Store
 
 SUITE = """
@@ -148,6 +150,43 @@ def test_a_night_its_screen_would_fill_is_said_before_it_is_measured(tmp_path, p
     assert full.overrun and full.confirm_max_s == 0.0
     assert full.lines()[1] == ("forecast: the screen and refinement may take 3 min 20 s of the night's 2 min 30 s, "
                                "leaving suspects no time to be confirmed: raise --night-s or lower --screen-pairs")
+
+
+def store_gate_screen(store: Store, machine: str, sps: list[tuple[suites.Point, list[float], list[float]]],
+                      settings: dict | None = None) -> str:
+    """A gate night's screen as `rlperf gate` stores it: the baseline's run and the working tree's naming it, each
+    point's processes (`sps`: the point, the baseline's SPS and the working tree's, pair by pair) costing 10 s."""
+    runs = {}
+    for side, index in (("ref", 1), ("new", 2)):
+        entry = {"stage": "screen", "side": side, "runs": {f"screen_{s}": r for s, r in runs.items()}}
+        runs[side] = run_id = store.create_run("three", "hash", {"gate": entry}, machine)
+        for row in sps:
+            point = row[0]
+            record = PointRecord(point.key, {**point.config, **(settings or {})}, "ok", "now", 10.0)
+            record.samples = [(repeat, {"sps": value, "interference": {"wall_s": 10.0, "launch": "forked"}})
+                              for repeat, value in enumerate(row[index])]
+            store.record_point(run_id, record)
+        store.finish_run(run_id, "complete")
+    return runs["new"]
+
+
+def test_earlier_gate_screens_share_out_the_screen_and_the_forecast_counts_each_points_pairs(tmp_path, points):
+    eight, sixteen, thirty_two = points
+    steady, noisy = [100.0, 100.0, 100.0], [90.0, 100.0, 111.0]
+    with Store.open(tmp_path / "results.sqlite") as store:
+        for night in range(3):
+            store_gate_screen(store, "m1", [(eight, steady, [99.0, 100.0, 101.0]), (sixteen, steady, noisy),
+                                            (thirty_two, steady, [100.5, 100.0, 99.5])])
+        store_gate_screen(store, "m2", [(eight, steady, noisy)])  # another machine's
+        store_gate_screen(store, "m1", [(eight, steady, [50.0, 100.0, 200.0])], {"horizon": 4})  # other settings
+        history = forecast.screen_history(store, "m1", points, plan())
+        shared = rules.screen_allocation(history, plan())
+        found = forecast.predict(store, "m1", points, plan(), night_s=3600.0, launch="forked", screen_pairs=shared)
+    assert {key: len(nights) for key, nights in history.items()} == {eight.key: 3, sixteen.key: 3, thirty_two.key: 3}
+    assert history[sixteen.key][0] == pytest.approx(tuple(np.log(np.array(noisy) / 100.0)))
+    assert shared[sixteen.key] > SCREEN_PAIRS and shared[eight.key] == shared[thirty_two.key] == 2
+    assert found.screen_s == pytest.approx(2 * 10.0 * sum(shared.values()))
+    assert f"(3 points x 4 to {2 * shared[sixteen.key]} processes;" in found.lines()[0]
 
 
 @pytest.mark.parametrize("seconds, text", [(7.4, "7 s"), (125, "2 min 05 s"), (3 * 3600 + 15 * 60, "3 h 15 min")])

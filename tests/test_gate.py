@@ -8,6 +8,7 @@ removes its own."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 from projectrepo import environment, git, project_repo, rlperf
 
 from benches import suite as suites
@@ -221,6 +223,44 @@ def test_the_screens_leaders_get_more_pairs_numbered_after_their_screens_and_wei
     without = night(SimulatedMachine(GPU_RUNNER, np.random.default_rng(6)), points=NIGHTLY[:8],
                     plan=gate_plan(ProcessOptions(), refine_points=0))
     assert ("refine", "new") not in night.recorded and all(v.screen.pairs == SCREEN_PAIRS for v in without)
+
+
+def spread_nights(spread: float, nights: int) -> list[tuple[float, ...]]:
+    """Nights of three pairs whose differences give exactly `spread` (each night the same, centred anywhere)."""
+    step = spread * stats.norm.ppf(0.75) * math.sqrt(2)
+    return [(0.01 * night - step, 0.01 * night, 0.01 * night + step) for night in range(nights)]
+
+
+def test_the_screen_shares_its_pairs_by_each_points_noise_on_earlier_nights():
+    plan = gate_plan(ProcessOptions())
+    quiet, noisy = {f"q{i}": spread_nights(0.026, 4) for i in range(7)}, {f"n{i}": spread_nights(0.079, 4)
+                                                                         for i in range(9)}
+    shared = rules.screen_allocation({**quiet, **noisy}, plan)
+    # in proportion to each spread, the quiet ones held at the fewest a point can be judged from
+    assert {shared[key] for key in quiet} == {plan.min_quiet} and {shared[key] for key in noisy} == {4}
+    assert abs(sum(shared.values()) - SCREEN_PAIRS * 16) <= len(shared) / 2  # the plan's pairs, up to rounding
+    # a point with too few earlier pairs is taken at the others' median spread
+    shared = rules.screen_allocation({**quiet, **noisy, "new": spread_nights(0.5, 1)}, plan)
+    assert shared["new"] == max(shared[key] for key in noisy)
+    # no history, too little of it, or points alike: every point gets the plan's pairs
+    for history in ({key: [] for key in shared}, {key: nights[:1] for key, nights in {**quiet, **noisy}.items()},
+                    {f"p{i}": spread_nights(0.05, 4) for i in range(16)}):
+        assert set(rules.screen_allocation(history, plan).values()) == {SCREEN_PAIRS}
+    # never more than twice the plan's pairs, however noisy a point was
+    assert max(rules.screen_allocation({**quiet, "wild": spread_nights(5.0, 8)}, plan).values()) == 2 * SCREEN_PAIRS
+
+
+def test_a_night_screens_each_point_in_the_pairs_it_was_given():
+    machine = SimulatedMachine(replace(GPU_RUNNER, contended=0.0), np.random.default_rng(4))  # none made up for
+    given = {NIGHTLY[0].key: 5, NIGHTLY[1].key: 2}
+    recorded = {}
+    Night(gate_plan(ProcessOptions(), refine_points=0), lambda text: None, random.Random(0), clock=machine.clock,
+          screen_pairs=given).run(
+        NIGHTLY[:3], lambda stage: {side: machine.runner(side, Path("/nonexistent")) for side in SIDES},
+        lambda stage, side, record: recorded.setdefault((stage, side), []).append(record), lambda point: None,
+        lambda point: [], night_s=1e9)
+    screened = {record.point_key: len(record.samples) for record in recorded[("screen", "new")]}
+    assert screened == {NIGHTLY[0].key: 5, NIGHTLY[1].key: 2, NIGHTLY[2].key: SCREEN_PAIRS}
 
 
 def test_only_the_suspects_with_the_strongest_evidence_are_confirmed_each_at_its_share_of_alpha():
