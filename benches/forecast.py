@@ -9,11 +9,11 @@ process, so interpreter start, CUDA context, compilation, warm-up and the steady
 store has not run on this machine costs the median process of this machine; where the store holds no process
 of this machine started that way, nothing is forecast (`predict` gives None). The screen is 2 x the point's
 screen pairs processes a point (`screen_history` and decisions/screening.screen_allocation share them out by each
-point's noise on earlier nights; pairs made up for contention come on top); its refinement 2 x refine_pairs processes of each
-of its leaders, which are not known before, so it is forecast between the cheapest and the costliest points; the
-confirmation costs nothing on a night without suspects and at most what the screen and refinement leave of the
-night, or its suspects' pairs if those cost less. Peaks are measured once per store and machine and are not
-counted.
+point's noise on earlier nights; pairs made up for contention come on top); its refinement 2 x refine_pairs
+processes of each of its leaders, which are not known before, so it is forecast between the cheapest and the
+costliest points; the confirmation costs nothing on a night without suspects and at most what the screen and
+refinement leave of the night, or its suspects' pairs if those cost less. Peaks are measured once per store and
+machine and are not counted.
 """
 
 from __future__ import annotations

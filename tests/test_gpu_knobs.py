@@ -140,7 +140,8 @@ class RecordingEnv:
 def actions_taken(monkeypatch, **knobs) -> np.ndarray:
     actions: list = []
     make_env = envs_module.make_env
-    monkeypatch.setattr(envs_module, "make_env", lambda *args, **kwargs: RecordingEnv(make_env(*args, **kwargs), actions))
+    monkeypatch.setattr(envs_module, "make_env",
+                        lambda *args, **kwargs: RecordingEnv(make_env(*args, **kwargs), actions))
     train(cuda_cfg(**knobs))
     monkeypatch.setattr(envs_module, "make_env", make_env)
     return np.stack(actions)  # one row per rollout step (one group)
