@@ -77,7 +77,7 @@ machine cannot run it, e.g. more GPUs than it has).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -508,6 +508,12 @@ def detectable(plan: GatePlan, spread: float, power: float = sequential.DETECTIO
     return intervals.smallest_with_power(
         lambda slowdown: screen_power(plan, rounded, slowdown) * sequential.claim_power(design, rounded, slowdown),
         power)
+
+
+def point_detectable(plan: GatePlan, screen: Screened) -> float:
+    """`detectable` for one screened point at its own quiet pairs, which the screen's share (and, for a leader,
+    the refinement) gave it, rather than the plan's average."""
+    return detectable(replace(plan, screen_pairs=max(plan.min_quiet, screen.quiet)), screen.spread)
 
 
 def screen_power(plan: GatePlan, spread: float, slowdown: float) -> float:

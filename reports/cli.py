@@ -111,6 +111,6 @@ def print_gate(console, found, plan) -> None:
             f"{fmt_change(screen.estimate)} ({screen.quiet}/{screen.pairs})" if screen.quiet else "–",
             f"{screen.spread:.1%}" if screen.quiet > 1 else "–",
             f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate})" if sps else "–",
-            fmt_detectable(screening.detectable(plan, screen.spread)),
+            fmt_detectable(screening.point_detectable(plan, screen)),
             Text(verdict.note or screen.reason))
     console.print(table)

@@ -115,7 +115,7 @@ def gate_section(found: list[screening.GateVerdict], plan: screening.GatePlan, b
             if np.isfinite(screen.estimate) else "–",
             "pair noise": f"{screen.spread:.1%}" if np.isfinite(screen.spread) else "–",
             "confirmation": f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate} pairs)" if sps else "–",
-            "detects": fmt_detectable(screening.detectable(plan, screen.spread)),
+            "detects": fmt_detectable(screening.point_detectable(plan, screen)),
             "note": verdict.note or screen.reason,
         })
     return Section("Gate: did any point get slower?", text, [pd.DataFrame(rows)])

@@ -294,6 +294,14 @@ def test_the_screens_evidence_grows_with_the_slowdown_and_a_pair_far_out_counts_
     assert rules.evidence(pairs, scale, toward) > rules.EVIDENCE_BAR and sequential.hodges_lehmann(pairs) > 0
 
 
+def test_a_point_screened_in_more_pairs_detects_a_smaller_slowdown():
+    # the report's 'detects' weighs a point at the pairs its share of the screen (or the refinement) gave it
+    plan = gate_plan(ProcessOptions())
+    few, many = (rules.Screened("k", "k", "p", "ok", pairs=n, quiet=n, spread=0.06) for n in (2, 5))
+    assert rules.point_detectable(plan, many) < rules.point_detectable(plan, few)
+    assert rules.point_detectable(plan, replace(few, quiet=SCREEN_PAIRS)) == rules.detectable(plan, 0.06)
+
+
 def test_a_point_that_got_much_slower_makes_no_other_point_a_suspect():
     """In a suite of two, one point 75% slower is half the night's pairs: pooled, they widened the night's spread
     so far that the unchanged point looked as likely slowed as not, and was confirmed for nothing."""
