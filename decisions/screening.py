@@ -262,9 +262,8 @@ def screen_allocation(history: dict[str, list[tuple[float, ...]]], plan: GatePla
     more they differ than their sampling error explains (empirical Bayes): points that are alike share alike, points
     that differ keep most of it. A share in proportion to the variance would give each point the same power, but it
     doubles that error in the shares: with eight nights of history at the H100's noise it gave eager points 2 to 6
-    pairs. A point with
-    fewer than MIN_SPREAD_DF degrees of freedom is taken at the median; without two such points, or with no
-    difference between them beyond chance, every point gets `plan.screen_pairs`."""
+    pairs. A point with fewer than MIN_SPREAD_DF degrees of freedom is taken at the median; without two such points,
+    or with no difference between them beyond chance, every point gets `plan.screen_pairs`."""
     df = {key: sum(max(0, len(night) - 1) for night in nights) for key, nights in history.items()}
     logs = {key: math.log(spread) for key, nights in history.items()
             if df[key] >= MIN_SPREAD_DF and (spread := spread_within(nights)) > 0}

@@ -59,6 +59,8 @@ from rlperf.store import Store
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
 # the history nights' seeds are [seed, HISTORY_STREAM, night], apart from the studied nights' [seed, night]
 HISTORY_STREAM = 7_000_001
+# the simulated runners are asked for directories and never write there
+SCRATCH = Path("/nonexistent/simulated")
 
 
 def rate(hits: int, trials: int) -> dict:
@@ -71,7 +73,6 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
              graphed_noise: Noise | None = None, history_nights: int = 0) -> dict:
     machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
                                process_s=process_s)
-    scratch = Path("/nonexistent/simulated")  # runners are asked for directories and never write there
     night = Night(plan, say=lambda text: None, clock=machine.clock)
     night.screen_pairs = rules.screen_allocation(drawn_history(night, machine, points, history_nights, seed), plan)
     screen_processes = 2 * sum(night.screen_pairs.values())
@@ -96,7 +97,7 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
 
         def runners(stage: str):
             stage_started[stage] = machine.clock()
-            return {side: machine.runner(side, scratch) for side in SIDES}
+            return {side: machine.runner(side, SCRATCH) for side in SIDES}
 
         found = night.run(points, runners, record, lambda point: None, lambda point: [], night_s)
         processes[kind].append(count[0])
@@ -205,13 +206,12 @@ def drawn_history(night: Night, machine: SimulatedMachine, points: list[suites.P
     code at the plan's pairs, drawn as the studied nights are (from seeds of their own), each point's quiet pairs'
     log ratios as the gate's screen reads them (benches/forecast.py screen_history)."""
     history: dict[str, list[tuple]] = {point.key: [] for point in points}
-    scratch = Path("/nonexistent/simulated")
     for index in range(nights):
         rng = np.random.default_rng([seed, HISTORY_STREAM, index])
         night.rng = random.Random(int(rng.integers(2 ** 63)))
         machine.new_night(rng)
         machine.slowdowns = {}
-        records = night.screen(points, {side: machine.runner(side, scratch) for side in SIDES},
+        records = night.screen(points, {side: machine.runner(side, SCRATCH) for side in SIDES},
                                lambda stage, side, record: None, lambda point: None, lambda point: [])
         for screened in night.screened(records, []):
             if screened.ratios:
