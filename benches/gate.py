@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from collections import Counter
 from pathlib import Path
 
@@ -108,6 +109,7 @@ class Gate:
                 runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
                 history = forecast.screen_history(store, machine_key(current), runnable, plan)
                 allocation = rules.screen_allocation(history, plan)
+                plan = replace(plan, point_spreads=rules.relative_spreads(history))
 
                 def forecast_night() -> forecast.Forecast | None:
                     return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
@@ -174,18 +176,17 @@ def allocation_line(points: list[suites.Point], allocation: dict[str, int], hist
                     plan: rules.GatePlan) -> str:
     """What the screen gives each point, and from how many earlier nights."""
     nights = max((len(found) for found in history.values()), default=0)
-    if len(set(allocation.values())) <= 1:
+    if not plan.point_spreads:
         why = ("no earlier screen here to weigh the points' noise by" if not nights else
                f"the pairs of {nights} earlier night{'s' if nights > 1 else ''} here do not tell the points' "
                f"noise apart")
         return f"screen: {plan.screen_pairs} pairs a point ({why})"
     counts = Counter(allocation.values())
     most = max(points, key=lambda point: allocation[point.key])
-    return (f"screen: pairs shared by each point's pair spread on up to {nights} earlier nights here, "
-            f"{plan.screen_pairs} a point on average: " + ", ".join(f"{pairs} for {counts[pairs]} point"
-                                                                  f"{'s' if counts[pairs] > 1 else ''}"
-                                                                  for pairs in sorted(counts))
-            + f"; the most for {most.label}")
+    given = ", ".join(f"{pairs} for {counts[pairs]} point{'s' if counts[pairs] > 1 else ''}"
+                      for pairs in sorted(counts))
+    return (f"screen: pairs shared, and each point's pairs weighed, by its pair spread on up to {nights} earlier "
+            f"nights here, {plan.screen_pairs} a point on average: {given}; the most for {most.label}")
 
 
 def write_summary(path: Path, content: dict) -> None:

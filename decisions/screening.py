@@ -6,7 +6,8 @@ The gate measures both commits in one job, in pairs of processes (benches/gate.p
    spread on earlier nights, `screen_allocation`; a pair with a contended process is made up for, up to twice as
    many pairs). Each point's evidence is how much likelier its pairs are slowed by
    `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
-   as wide as the night's pair spread (all points' pairs together, at most twice their spread within points).
+   as wide as the night's pair spread (all points' pairs together, at most twice their spread within points)
+   times the point's own spread relative to the others' on earlier nights (`relative_spreads`).
 2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
    point's evidence is weighed again over all its pairs. A point is a suspect when its pairs are at least
    e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
@@ -77,7 +78,7 @@ machine cannot run it, e.g. more GPUs than it has).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -123,6 +124,10 @@ class GatePlan:
     # the night's pair spread at most this many times the spread within points (night_scale); 0 in plans stored
     # before: the pooled spread as it is
     spread_cap: float = 0.0
+    # by point key, each point's pair spread on the store's earlier nights relative to the points' median
+    # (relative_spreads): the screen weighs a point's pairs at the night's spread times this; empty in plans stored
+    # before, or where the earlier nights do not tell the points apart: one spread for every point
+    point_spreads: dict[str, float] = field(default_factory=dict)
 
     def shares(self, suspects: int) -> list[float]:
         """Each suspect's own share of alpha, in the order they are confirmed."""
@@ -147,8 +152,10 @@ class GatePlan:
     def screen_rule(self) -> str:
         """The screen's rule in words, for a report."""
         if self.ranking == "evidence":
+            spread = ("the night's pair spread times the point's own relative to the others on earlier nights"
+                      if self.point_spreads else "the night's pair spread")
             return (f"a point whose pairs are at least 1/e as likely {self.screen_toward:.0%} slower as unchanged "
-                    f"(heavy-tailed noise at the night's pair spread) is a suspect, the strongest evidence first")
+                    f"(heavy-tailed noise at {spread}) is a suspect, the strongest evidence first")
         return f"a point whose pairs' estimate is slower than {self.screen_at:.0%} is a suspect, the slowest first"
 
     def to_dict(self) -> dict:
@@ -252,18 +259,15 @@ MIN_SPREAD_DF = 4
 LOG_SPREAD_VARIANCE = 1.36
 
 
-def screen_allocation(history: dict[str, list[tuple[float, ...]]], plan: GatePlan) -> dict[str, int]:
-    """The screen's pairs for each point (key: point key) from its pairs on earlier nights (`history`: each night's
-    log ratios): `plan.screen_pairs` a point on average, shared in proportion to each point's pair spread (Neyman's
-    allocation, which makes the sum of the points' estimate variances least for the pairs spent), at least
-    `plan.min_quiet` and at most twice `plan.screen_pairs` a point.
+def relative_spreads(history: dict[str, list[tuple[float, ...]]]) -> dict[str, float]:
+    """Each point's pair spread (key: point key) relative to the points' median, from its pairs on earlier nights
+    (`history`: each night's log ratios, which the spread is read within, so no move of a point counts).
 
     A few nights give each point's spread only roughly, so the log spreads are shrunk toward their median by how much
-    more they differ than their sampling error explains (empirical Bayes): points that are alike share alike, points
-    that differ keep most of it. A share in proportion to the variance would give each point the same power, but it
-    doubles that error in the shares: with eight nights of history at the H100's noise it gave eager points 2 to 6
-    pairs. A point with fewer than MIN_SPREAD_DF degrees of freedom is taken at the median; without two such points,
-    or with no difference between them beyond chance, every point gets `plan.screen_pairs`."""
+    more they differ than their sampling error explains (empirical Bayes): points that are alike come out alike,
+    points that differ keep most of it. A point with fewer than MIN_SPREAD_DF degrees of freedom is taken at the
+    median; without two such points, or with no difference between them beyond chance, there is nothing to tell the
+    points apart by: empty."""
     df = {key: sum(max(0, len(night) - 1) for night in nights) for key, nights in history.items()}
     logs = {key: math.log(spread) for key, nights in history.items()
             if df[key] >= MIN_SPREAD_DF and (spread := spread_within(nights)) > 0}
@@ -271,10 +275,22 @@ def screen_allocation(history: dict[str, list[tuple[float, ...]]], plan: GatePla
     sampling = float(np.mean([LOG_SPREAD_VARIANCE / df[key] for key in logs])) if logs else 0.0
     between = max(0.0, float(np.var(list(logs.values()))) - sampling) if len(logs) >= 2 else 0.0
     if not between:
-        return {key: plan.screen_pairs for key in history}
+        return {}
     kept = between / (between + sampling)
-    weights = {key: math.exp(center + kept * (logs[key] - center)) if key in logs else math.exp(center)
-               for key in history}
+    return {key: math.exp(kept * (logs[key] - center)) if key in logs else 1.0 for key in history}
+
+
+def screen_allocation(history: dict[str, list[tuple[float, ...]]], plan: GatePlan) -> dict[str, int]:
+    """The screen's pairs for each point (key: point key) from its pairs on earlier nights (`history`: each night's
+    log ratios): `plan.screen_pairs` a point on average, shared in proportion to each point's pair spread
+    (`relative_spreads`; Neyman's allocation, which makes the sum of the points' estimate variances least for the
+    pairs spent), at least `plan.min_quiet` and at most twice `plan.screen_pairs` a point. A share in proportion to
+    the variance would give each point the same power, but it doubles the error of the spreads in the shares: with
+    eight nights of history at the H100's noise it gave eager points 2 to 6 pairs. Where the earlier nights do not
+    tell the points apart, every point gets `plan.screen_pairs`."""
+    weights = relative_spreads(history)
+    if not weights:
+        return {key: plan.screen_pairs for key in history}
     low, high = plan.min_quiet, 2 * plan.screen_pairs
     fixed: dict[str, float] = {}
     while True:  # those a proportional share would take past a bound are held at it, the rest share what is left
@@ -312,10 +328,14 @@ def screen(new_points: pd.DataFrame, new_samples: pd.DataFrame, ref_points: pd.D
         found.append(screen_point(key, row, ref, new_samples[new_samples["point_key"] == row["point_key"]],
                                   ref_samples[ref_samples["point_key"] == ref["point_key"]], plan))
     if plan.ranking == "evidence":
-        scale = night_scale(found, plan.spread_cap)
+        # the night's spread read in each point's own units, so a point's usual noise sets how far out its pairs are
+        relative = {point.key: plan.point_spreads.get(point.point_key, 1.0) for point in found}
+        scale = night_scale([replace(point, ratios=tuple(np.divide(point.ratios, relative[point.key])))
+                             for point in found], plan.spread_cap)
         for point in found:
             if point.ratios:
-                point.evidence = float(evidence(np.array(point.ratios), scale, plan.screen_toward))
+                point.evidence = float(evidence(np.array(point.ratios), scale * relative[point.key],
+                                                plan.screen_toward))
             point.suspect = point.quiet >= plan.min_quiet and point.evidence > EVIDENCE_BAR
     return found
 

@@ -74,7 +74,9 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
     machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
                                process_s=process_s)
     night = Night(plan, say=lambda text: None, clock=machine.clock)
-    night.screen_pairs = rules.screen_allocation(drawn_history(night, machine, points, history_nights, seed), plan)
+    history = drawn_history(night, machine, points, history_nights, seed)
+    night.screen_pairs = rules.screen_allocation(history, plan)
+    night.plan = plan = replace(plan, point_spreads=rules.relative_spreads(history))
     screen_processes = 2 * sum(night.screen_pairs.values())
     outcome = {"null": Counter(), "slowed": Counter()}
     processes = {"null": [], "slowed": []}

@@ -250,6 +250,37 @@ def test_the_screen_shares_its_pairs_by_each_points_noise_on_earlier_nights():
     assert max(rules.screen_allocation({**quiet, "wild": spread_nights(5.0, 8)}, plan).values()) == 2 * SCREEN_PAIRS
 
 
+def screen_records(side: str, tonight: dict[str, tuple[float, ...]]) -> tuple:
+    """One side's frames of a screen whose pairs have these log ratios (new over ref), by point key."""
+    records = [PointRecord(key, {}, "ok", "", 0.0, samples=[
+        (pair, {"sps": 1000.0 * (math.exp(ratio) if side == "new" else 1.0), "phases": {},
+                "interference": {"contended": False}}) for pair, ratio in enumerate(ratios)])
+        for key, ratios in tonight.items()]
+    return frames(records)
+
+
+def test_the_screen_weighs_each_points_pairs_at_its_own_spread_on_earlier_nights():
+    """A quiet point whose three pairs agree on 6-7% slower leads an unchanged noisy point with two wide pairs
+    that way, once each is read at its own spread: at the night's one spread the noisy one led, and a slowed
+    point with a narrow noise lost its place among the suspects to eager points' wide pairs."""
+    quiet, noisy = ([json.dumps({"point": f"{kind}{i}"}) for i in range(4)] for kind in "qn")
+    history = {**{key: spread_nights(0.01, 8) for key in quiet}, **{key: spread_nights(0.08, 8) for key in noisy}}
+    tonight = dict(zip(quiet, [(-0.07, -0.06, -0.065), (0.01, -0.005, 0.0), (0.0, 0.01, -0.01), (0.005, -0.01, 0.0)]))
+    tonight.update(zip(noisy, [(-0.13, 0.04, -0.11), (0.09, -0.05, 0.02), (-0.06, 0.1, 0.03), (0.05, -0.08, 0.0)]))
+    plan = gate_plan(ProcessOptions())
+    weighed = replace(plan, point_spreads=rules.relative_spreads(history))
+    assert {round(weighed.point_spreads[key] * weighed.point_spreads[other], 6)
+            for key, other in zip(quiet, noisy)} == {1.0}  # relative to the median, between the two kinds
+
+    def strongest(plan: rules.GatePlan) -> str:
+        found = rules.screen(*screen_records("new", tonight), *screen_records("ref", tonight), plan)
+        return rules.suspects(found, replace(plan, max_suspects=1))[0].point_key
+
+    assert strongest(weighed) == quiet[0] and strongest(plan) == noisy[0]
+    # points the earlier nights do not tell apart are all read at the night's spread, as before
+    assert rules.relative_spreads({key: spread_nights(0.05, 8) for key in quiet + noisy}) == {}
+
+
 def test_a_night_screens_each_point_in_the_pairs_it_was_given():
     machine = SimulatedMachine(replace(GPU_RUNNER, contended=0.0), np.random.default_rng(4))  # none made up for
     given = {NIGHTLY[0].key: 5, NIGHTLY[1].key: 2}
