@@ -44,6 +44,10 @@ the store's earlier nights (`screen_allocation`; Neyman's allocation, the spread
 what chance explains), the same 48 pairs of the nightly's 16 points on one GPU became 2 for each graphed point and
 3 to 5 for the eager ones after 30 simulated nights of history, and the gate caught a point slowed by 10% on 948 of
 1,000 bad nights against 932 at three pairs each, on the same nights (studies/gate_power.py, `--history-nights`).
+The same spreads say how far out each point's pairs are: at one spread for all, pooled over both kinds, an eager
+point's wide pairs read as strong evidence and a graphed point's slowdown as weak. Each point read at its own
+(the night's spread pooled in those units), the slowed point's evidence was the strongest on 930 of those 1,000
+nights against 908, and the gate caught it on 957.
 
 Why the screen weighs evidence rather than the estimate. On a GPU a fifth of processes run at 12% noise
 beside 3.6% for the rest (studies/simulated.py, `H100`), so a third of pairs hold a wide process; in four pairs
