@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console

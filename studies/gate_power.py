@@ -12,8 +12,9 @@ is slowed by `--slowdown`, and a night is caught when that point is `regressed` 
 with 95% Clopper-Pearson intervals (scipy).
 
 Before the nights studied, `--history-nights` unchanged nights are screened at `--screen-pairs` each, as a
-runner's store would hold them, and the screen's pairs are shared out by each point's spread in them, as the gate
-shares them (decisions/screening.py screen_allocation; 0: every point gets `--screen-pairs`).
+runner's store would hold them, and the screen's pairs are shared out by each point's spread in them, and each
+point's pairs read at that spread, as the gate does (decisions/screening.py screen_allocation and relative_spreads; 0:
+every point gets `--screen-pairs`, all read at the night's one spread).
 
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
 studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
