@@ -1,29 +1,43 @@
 """How the rollout steps one group of environments: in its own thread, as the policy computes.
 
-The trainer starts a group's env step as soon as the group's actions are on the host and collects it only
+The trainer starts a group's env step as soon as the group's actions are launched and collects it only
 when the group's next observations are needed, so with two or more groups the env of one group steps while
-the policy of the next computes, and a step costs the larger of the two rather than their sum. An env that
-steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator threads, gymnasium's async subprocesses)
-is sent its actions at once from the trainer's thread; gymnasium's sync copies are stepped by a worker
-thread of the group's own, which the emulators and simulators let run beside the policy while they hold no
-interpreter lock. The numpy envs of envs.py step in the trainer's thread (`VecEnv.steps_beside_the_policy`
+the policy of the next computes and beside the other groups' envs, and a step costs the larger of env and
+policy rather than their sum. An env that steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator
+threads, gymnasium's async subprocesses) is sent its actions by the group's worker thread; gymnasium's sync
+copies are stepped by that thread, which the emulators and simulators let run beside the policy while they
+hold no interpreter lock. The numpy envs of envs.py step in the trainer's thread (`VecEnv.steps_beside_the_policy`
 says why).
+
+Where a group's actions reach the host after `start` returns (a non_blocking copy, `ready` its event), the
+worker thread waits for them, so the trainer's thread goes on to the other groups and never holds one group's
+env back on another's. With one group the trainer's thread waits for them itself, in `start`.
 
 Both sides are timed: `busy` is the env's own time, measured where it runs (from sending the actions to the
 results being ready, or the worker's step from its start to its end), and `wait` the trainer thread's time
-spent on the env (starting its steps and waiting for them). busy - wait is the env time the overlap hid.
+spent on the env (starting its steps and waiting for their results, not for the actions they take).
+busy - wait is the env time the overlap hid.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
+import torch
 
 from reference_trainer.envs import VecEnv
 
 Arrivals = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class Ready(Protocol):
+    """When a group's actions are on the host: a CUDA event recorded after their copy."""
+
+    def synchronize(self) -> None: ...
 
 
 class InlineStepper:
@@ -35,7 +49,9 @@ class InlineStepper:
         self.busy = self.wait = 0.0
         self._actions: np.ndarray | None = None
 
-    def start(self, actions: np.ndarray) -> None:
+    def start(self, actions: np.ndarray, ready: Ready | None = None) -> None:
+        if ready is not None:
+            ready.synchronize()
         self._actions = actions
 
     def finish(self) -> Arrivals:
@@ -58,22 +74,43 @@ class InlineStepper:
 
 class OverlappedStepper(InlineStepper):
     """Starts the env's step at once and collects it later. One worker thread per group completes the step:
-    it waits for an env that steps on its own (which it timestamps when ready), or steps any other env itself.
-    `actions` must stay unchanged until `finish` returns."""
+    it waits for the actions when they are not yet on the host, then waits for an env that steps on its own
+    (which it timestamps when ready), or steps any other env itself. `actions` must stay unchanged until
+    `finish` returns. The worker thread computes nothing on `device`; it is made that thread's current device
+    so that waiting on a CUDA event opens no context on another GPU."""
 
-    def __init__(self, env: VecEnv):
+    def __init__(self, env: VecEnv, device: torch.device | None = None):
         super().__init__(env)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
+        on_cuda = device is not None and device.type == "cuda"
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group",
+                                          initializer=torch.cuda.set_device if on_cuda else None,
+                                          initargs=(device,) if on_cuda else ())
         self._pending: Future | None = None
+        self._actions_here = threading.Event()
+        self._actions_here.set()
 
-    def start(self, actions: np.ndarray) -> None:
+    def start(self, actions: np.ndarray, ready: Ready | None = None) -> None:
         began = time.perf_counter()
-        if self.env.steps_on_its_own:
+        if ready is not None:
+            self._actions_here.clear()
+            self._pending = self._worker.submit(self._when_ready, actions, ready)
+        elif self.env.steps_on_its_own:
             self.env.send(actions)
             self._pending = self._worker.submit(self._receive, began)
         else:
             self._pending = self._worker.submit(self._step, actions)
         self.wait += time.perf_counter() - began
+
+    def _when_ready(self, actions: np.ndarray, ready: Ready) -> Arrivals:
+        try:
+            ready.synchronize()
+        finally:  # from here the trainer waits for the env, or for the error finish raises
+            self._actions_here.set()
+        if not self.env.steps_on_its_own:
+            return self._step(actions)
+        sent = time.perf_counter()
+        self.env.send(actions)
+        return self._receive(sent)
 
     def _receive(self, sent: float) -> Arrivals:
         arrivals = self.env.recv()
@@ -87,6 +124,7 @@ class OverlappedStepper(InlineStepper):
         return arrivals
 
     def finish(self) -> Arrivals:
+        self._actions_here.wait()  # the device's time, not the env's
         began = time.perf_counter()
         # busy was added by the worker before the future completed, so reading it after result() is safe
         arrivals = self._pending.result()
@@ -100,9 +138,9 @@ class OverlappedStepper(InlineStepper):
         self._worker.shutdown()
 
 
-def env_stepper(env: VecEnv, overlapped: bool) -> InlineStepper:
+def env_stepper(env: VecEnv, overlapped: bool, device: torch.device | None = None) -> InlineStepper:
     """The stepper of one group: overlapped when there are other groups for its step to run beside and the
-    env can run beside them."""
+    env can run beside them; `device` is the trainer's, whose events the worker thread may wait on."""
     if overlapped and (env.steps_on_its_own or env.steps_beside_the_policy):
-        return OverlappedStepper(env)
+        return OverlappedStepper(env, device)
     return InlineStepper(env)

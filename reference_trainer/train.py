@@ -104,10 +104,9 @@ class Trainer:
         groups = make_env_groups(cfg, n, rank.rank * n, device, meanwhile=import_what_adam_imports)
         self.envs, self.env_start_seconds = groups.envs, groups.start_seconds
         self.env_on_device = cfg.env == "synthetic-device"
-        self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1) for env in self.envs]
+        self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1, device)
+                                                       for env in self.envs]
         setup.lap("envs")
-        # whether launch_step returns before its actions are ready (rollout says why the order depends on it)
-        self.launches_queue_up = cfg.non_blocking
         # Each eager step casts the weights to the autocast dtype anew on entering its autocast region; one
         # region around the whole rollout keeps those casts for the epoch, the weights unchanged until the
         # update. A graph holds its casts, and compiled steps are traced in the region they run in.
@@ -136,7 +135,8 @@ class Trainer:
 
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
-        self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.is_cuda else None
+        # recorded after each group's non_blocking copy of its actions: the env steps once it has passed
+        self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.non_blocking else None
         self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
@@ -182,29 +182,20 @@ class Trainer:
         x.start_rollout()
         # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
         # only after the host has waited for this epoch's first actions, computed after that update.
-        # A group's env step runs beside the policy step that follows it on the host. Where launch_step
-        # waits for the group's actions (the policy computing on the host, or a blocking copy of them), that
-        # is the next group's: each group's env step starts right after its own actions. Where the host waits
-        # for them only in start_env_step (non_blocking), the device computes every launched step in turn, so
-        # the host launches a group and then waits for the next group's actions, launched one group earlier:
-        # the device always has a step queued, and each env step runs beside the next launched one.
-        G, queued = len(self.envs), self.launches_queue_up
-        for group in range(G):
+        # Each group's env step starts right after its own policy step and runs beside the other groups' policy
+        # steps and env steps. Where launch_step returns before the actions are on the host (non_blocking), the
+        # group's stepper waits for them in its own thread, so the host goes on to launch the next group: the
+        # device always has a step queued, and no group's env waits for another's.
+        for group in range(len(self.envs)):
             self.launch_step(group, 0)
-            if not queued:
-                self.start_env_step(group, 0)
-        if queued:
-            self.start_env_step(0, 0)
+            self.start_env_step(group, 0)
         for t in range(T):
             self.rank.beat()
-            for group in range(G):
+            for group in range(len(self.envs)):
                 self.finish_env_step(group, t)
                 if t + 1 < T:
                     self.launch_step(group, t + 1)
-                    if not queued:
-                        self.start_env_step(group, t + 1)
-                if queued and (group + 1 < G or t + 1 < T):
-                    self.start_env_step((group + 1) % G, t + (group + 1) // G)
+                    self.start_env_step(group, t + 1)
 
         # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
         # step_value: those calls are the ones already compiled or captured, where a value-only forward would
@@ -237,10 +228,9 @@ class Trainer:
             return
         self.timer.enter("eval_copy")
         self.delay_copy()
-        # the one blocking read of the step, unless non_blocking waits for it through an event in
-        # start_env_step
+        # the one blocking read of the step, unless non_blocking leaves the env's stepper to wait for its event
         v.host_actions.copy_(v.step_action, non_blocking=self.cfg.non_blocking)
-        if self.cfg.non_blocking:
+        if self.actions_ready is not None:
             self.actions_ready[group].record()
 
     def start_env_step(self, group: int, t: int) -> None:
@@ -248,11 +238,10 @@ class Trainer:
         is stepped by finish_env_step alone."""
         if self.env_on_device:
             return
-        if self.cfg.non_blocking:
-            self.actions_ready[group].synchronize()
         self.timer.enter("env")
         # host_actions is next written by this group's launch_step(t + 1), after finish_env_step(t) collected it
-        self.steppers[group].start(self.experience.groups[group].host_actions_array)
+        self.steppers[group].start(self.experience.groups[group].host_actions_array,
+                                   self.actions_ready[group] if self.actions_ready is not None else None)
 
     def finish_env_step(self, group: int, t: int) -> None:
         """Collects one group's env step on the actions of step t, and queues the copy of what it returned

@@ -5,6 +5,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,12 +30,25 @@ def per_epoch(summary: dict) -> list:
 
 def sequential(monkeypatch) -> None:
     """Every group stepped in the trainer's thread when collected: the schedule before overlap."""
-    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: InlineStepper(env))
+    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped, device: InlineStepper(env))
 
 
 def overlapped_always(monkeypatch) -> None:
     """Every group stepped by its worker thread, even an env that gains nothing from it."""
-    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped: OverlappedStepper(env))
+    monkeypatch.setattr(train_module, "env_stepper", lambda env, overlapped, device: OverlappedStepper(env, device))
+
+
+def slow_envs(monkeypatch, seconds: float) -> None:
+    """Every env step sleeps `seconds` first, holding no interpreter lock, as an emulator's threads do."""
+    make_env = envs_module.make_env
+
+    def slow_env(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        step = env.step
+        env.step = lambda actions: (time.sleep(seconds), step(actions))[1]
+        return env
+
+    monkeypatch.setattr(envs_module, "make_env", slow_env)
 
 
 def record_stepping_threads(monkeypatch) -> set[str]:
@@ -139,19 +153,13 @@ def test_a_groups_env_step_runs_while_the_next_groups_policy_computes(monkeypatc
 def test_the_summary_says_how_much_env_time_the_overlap_hid(monkeypatch):
     """An env step of 20 ms beside a policy step of 30 ms (both sleeping, so neither holds the interpreter):
     overlapped, the trainer waits for little of the env's time; in sequence, for all of it."""
-    make_env, launch_step = envs_module.make_env, train_module.Trainer.launch_step
-
-    def slow_env(*args, **kwargs):
-        env = make_env(*args, **kwargs)
-        step = env.step
-        env.step = lambda actions: (time.sleep(0.02), step(actions))[1]
-        return env
+    launch_step = train_module.Trainer.launch_step
 
     def slow_policy(self, group, t):
         launch_step(self, group, t)
         time.sleep(0.03)
 
-    monkeypatch.setattr(envs_module, "make_env", slow_env)
+    slow_envs(monkeypatch, 0.02)
     monkeypatch.setattr(train_module.Trainer, "launch_step", slow_policy)
     overlapped_always(monkeypatch)
     cfg = small(env="memory", env_groups=2, num_envs=4, horizon=4, minibatch_size=8, total_steps=4 * 4 * 3)
@@ -204,36 +212,94 @@ def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tm
         "faster device would speed it; --env-groups 2 would overlap the two")
 
 
-def test_the_order_for_launches_that_queue_up_trains_alike(monkeypatch):
-    """With non_blocking copies (CUDA) launch_step returns before its actions are ready and the rollout
-    launches a group before waiting for the next one's actions. On a CPU the policy step is done when
-    launch_step returns, so that order can run here: it must train as the default order does."""
-    calls = []
-    init, launch_step, start_env_step = (train_module.Trainer.__init__, train_module.Trainer.launch_step,
-                                         train_module.Trainer.start_env_step)
+class LateActions:
+    """The actions of a group's step reach the host `delay` seconds after the step is launched, as a non_blocking
+    copy's do while the device computes: `synchronize` waits until then, and notes the thread that waited."""
 
-    def queuing_init(self, *args, **kwargs):
+    def __init__(self, delay: float, waiters: list[str]):
+        self.delay, self.waiters, self.launched = delay, waiters, 0.0
+
+    def record(self) -> None:
+        self.launched = time.perf_counter()
+
+    def synchronize(self) -> None:
+        self.waiters.append(threading.current_thread().name.split("_")[0])
+        time.sleep(max(0.0, self.launched + self.delay - time.perf_counter()))
+
+
+def test_actions_that_reach_the_host_late_are_waited_for_by_each_groups_worker_and_every_env_steps_at_once(
+        monkeypatch):
+    """With non_blocking copies (CUDA) launch_step returns before the actions are on the host. Each group's
+    worker thread waits for them, never the trainer's, so the host launches the next group meanwhile and the
+    groups' env steps run beside each other: with envs of 20 ms and actions 10 ms late, the trainer waits for
+    about one group's env time a step, not both (a host waiting for a group's actions before starting the
+    next one serialises the envs, its wait then equal to their busy time). The training is the same."""
+    cfg = small(env="memory", env_groups=2, num_envs=4, horizon=4, minibatch_size=8, total_steps=4 * 4 * 3)
+    slow_envs(monkeypatch, 0.02)
+    overlapped_always(monkeypatch)
+    default = train(cfg)
+
+    waiters: list[str] = []
+    init = train_module.Trainer.__init__
+
+    def late_actions_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.launches_queue_up = True
+        self.actions_ready = [LateActions(0.01, waiters) for _ in self.envs]
 
-    def recorded_launch(self, group, t):
-        calls.append(("launch", group, t))
-        launch_step(self, group, t)
+    monkeypatch.setattr(train_module.Trainer, "__init__", late_actions_init)
+    late = train(cfg)
+    assert len(waiters) == 3 * 4 * 2 and set(waiters) == {"env-group"}
+    overlap = late["env_overlap"]
+    steady_env_steps = 2 * 4 * 2  # two steady epochs of four steps of two groups
+    assert overlap["env_busy_seconds"] >= 0.02 * steady_env_steps
+    assert overlap["env_wait_seconds"] < 0.7 * overlap["env_busy_seconds"], overlap
+    assert per_epoch(late) == per_epoch(default)
 
-    def recorded_start(self, group, t):
-        calls.append(("start", group, t))
-        start_env_step(self, group, t)
 
-    default = train(small(env="gym:CartPole-v1", env_groups=2))
-    monkeypatch.setattr(train_module.Trainer, "__init__", queuing_init)
-    monkeypatch.setattr(train_module.Trainer, "launch_step", recorded_launch)
-    monkeypatch.setattr(train_module.Trainer, "start_env_step", recorded_start)
-    queued = train(small(env="gym:CartPole-v1", env_groups=2))
-    # both groups are launched before the first wait, and each later launch comes before the other group's start
-    assert calls[:6] == [("launch", 0, 0), ("launch", 1, 0), ("start", 0, 0), ("launch", 0, 1), ("start", 1, 0),
-                         ("launch", 1, 1)]
-    assert sum(call[0] == "start" for call in calls) == sum(call[0] == "launch" for call in calls)
-    assert per_epoch(queued) == per_epoch(default)
+class GatedActions:
+    def __init__(self):
+        self.gate = threading.Event()
+        self.fails = False
+
+    def synchronize(self) -> None:
+        self.gate.wait(timeout=10)
+        if self.fails:
+            raise RuntimeError("the device failed")
+
+
+class CountingEnv:
+    steps_on_its_own = False
+    steps_beside_the_policy = True
+
+    def __init__(self):
+        self.actions: list = []
+
+    def step(self, actions):
+        self.actions.append(actions.copy())
+        return actions, actions, actions, actions
+
+
+def test_a_worker_steps_only_once_the_actions_are_on_the_host_and_neither_side_counts_that_wait():
+    env, ready = CountingEnv(), GatedActions()
+    stepper = OverlappedStepper(env)
+    try:
+        stepper.start(np.arange(3), ready)  # returns while the actions are still on their way
+        time.sleep(0.05)
+        assert env.actions == []
+        ready.gate.set()
+        assert stepper.finish()[0].tolist() == [0, 1, 2]
+        busy, wait = stepper.take_times()
+        assert busy < 0.04 and wait < 0.04  # the 50 ms before the actions came are the device's
+
+        ready = GatedActions()
+        ready.fails = True
+        stepper.start(np.arange(3), ready)
+        ready.gate.set()
+        with pytest.raises(RuntimeError, match="the device failed"):
+            stepper.finish()
+        assert len(env.actions) == 1
+    finally:
+        stepper.close()
 
 
 @pytest.mark.gpu
@@ -254,3 +320,18 @@ def test_on_cuda_overlapped_gym_copies_train_as_one_group_does(knobs):
     for got, expected in zip(per_epoch(two), per_epoch(one)):
         assert got[1:] == expected[1:]
         assert got[0] == pytest.approx(expected[0], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_with_non_blocking_copies_the_groups_envs_step_beside_each_other(monkeypatch):
+    """Each group's worker waits on the real event behind its actions' copy, on the trainer's device, and the
+    trainer waits for about half of its envs' busy time, not all of it (as it did when a group's env started
+    only after the other group's had ended)."""
+    slow_envs(monkeypatch, 0.02)
+    overlapped_always(monkeypatch)
+    cfg = validate(TrainConfig(env="memory", device="cuda", env_groups=2, num_envs=64, horizon=8, minibatch_size=128,
+                               hidden_size=32, total_steps=64 * 8 * 4, pinned=True, non_blocking=True))
+    overlap = train(cfg)["env_overlap"]
+    assert overlap["env_busy_seconds"] >= 0.02 * 2 * 8
+    assert overlap["env_wait_seconds"] < 0.7 * overlap["env_busy_seconds"], overlap
