@@ -1,17 +1,18 @@
 """How the rollout steps one group of environments: in its own thread, as the policy computes.
 
-The trainer starts a group's env step as soon as the group's actions are launched and collects it only
+The trainer starts a group's env step as soon as the group's actions are on the host and collects it only
 when the group's next observations are needed, so with two or more groups the env of one group steps while
 the policy of the next computes and beside the other groups' envs, and a step costs the larger of env and
 policy rather than their sum. An env that steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator
-threads, gymnasium's async subprocesses) is sent its actions by the group's worker thread; gymnasium's sync
-copies are stepped by that thread, which the emulators and simulators let run beside the policy while they
-hold no interpreter lock. The numpy envs of envs.py step in the trainer's thread (`VecEnv.steps_beside_the_policy`
-says why).
+threads, gymnasium's async subprocesses) is sent its actions and left to step; gymnasium's sync copies are
+stepped by a worker thread of the group's own, which the emulators and simulators let run beside the policy
+while they hold no interpreter lock. The numpy envs of envs.py step in the trainer's thread
+(`VecEnv.steps_beside_the_policy` says why).
 
-Where a group's actions reach the host after `start` returns (a non_blocking copy, `ready` its event), the
-worker thread waits for them, so the trainer's thread goes on to the other groups and never holds one group's
-env back on another's. With one group the trainer's thread waits for them itself, in `start`.
+Where a group's actions reach the host after `start` returns (a non_blocking copy, `ready` its event), they
+are waited for where the env steps, just before it does: by the group's worker thread, so that the trainer's
+thread goes on to launch the other groups and no group's env waits for another's; in the trainer's thread, when
+it collects the step, so that the device computes the steps launched meanwhile while the host waits.
 
 Both sides are timed: `busy` is the env's own time, measured where it runs (from sending the actions to the
 results being ready, or the worker's step from its start to its end), and `wait` the trainer thread's time
@@ -48,13 +49,14 @@ class InlineStepper:
         self.env = env
         self.busy = self.wait = 0.0
         self._actions: np.ndarray | None = None
+        self._ready: Ready | None = None
 
     def start(self, actions: np.ndarray, ready: Ready | None = None) -> None:
-        if ready is not None:
-            ready.synchronize()
-        self._actions = actions
+        self._actions, self._ready = actions, ready
 
     def finish(self) -> Arrivals:
+        if self._ready is not None:
+            self._ready.synchronize()  # the device's time, not the env's
         began = time.perf_counter()
         arrivals = self.env.step(self._actions)
         seconds = time.perf_counter() - began
