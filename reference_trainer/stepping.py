@@ -14,10 +14,11 @@ are waited for where the env steps, just before it does: by the group's worker t
 thread goes on to launch the other groups and no group's env waits for another's; in the trainer's thread, when
 it collects the step, so that the device computes the steps launched meanwhile while the host waits.
 
-Both sides are timed: `busy` is the env's own time, measured where it runs (from sending the actions to the
-results being ready, or the worker's step from its start to its end), and `wait` the trainer thread's time
-spent on the env (starting its steps and waiting for their results, not for the actions they take).
-busy - wait is the env time the overlap hid.
+Both sides are timed: each step's span where the env runs (from sending the actions to the results being
+ready, or the worker's step from its start to its end), and `wait` the trainer thread's time spent on the env
+(starting its steps and waiting for their results, not for the actions they take). The env's busy time is the
+time any group's env was stepping (`busy_seconds`, the union of every group's spans, so groups stepping at once
+count once), and busy - wait the env time the overlap hid behind the policy.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class InlineStepper:
 
     def __init__(self, env: VecEnv):
         self.env = env
-        self.busy = self.wait = 0.0
+        self.spans: list[tuple[float, float]] = []
+        self.wait = 0.0
         self._actions: np.ndarray | None = None
         self._ready: Ready | None = None
 
@@ -59,15 +61,15 @@ class InlineStepper:
             self._ready.synchronize()  # the device's time, not the env's
         began = time.perf_counter()
         arrivals = self.env.step(self._actions)
-        seconds = time.perf_counter() - began
-        self.busy += seconds
-        self.wait += seconds
+        ended = time.perf_counter()
+        self.spans.append((began, ended))
+        self.wait += ended - began
         return arrivals
 
-    def take_times(self) -> tuple[float, float]:
-        """The env's busy and waited seconds since the last call."""
-        times = self.busy, self.wait
-        self.busy = self.wait = 0.0
+    def take_times(self) -> tuple[list[tuple[float, float]], float]:
+        """The env's step spans and the trainer's waited seconds since the last call."""
+        times = self.spans, self.wait
+        self.spans, self.wait = [], 0.0
         return times
 
     def close(self) -> None:
@@ -116,19 +118,19 @@ class OverlappedStepper(InlineStepper):
 
     def _receive(self, sent: float) -> Arrivals:
         arrivals = self.env.recv()
-        self.busy += time.perf_counter() - sent
+        self.spans.append((sent, time.perf_counter()))
         return arrivals
 
     def _step(self, actions: np.ndarray) -> Arrivals:
         began = time.perf_counter()
         arrivals = self.env.step(actions)
-        self.busy += time.perf_counter() - began
+        self.spans.append((began, time.perf_counter()))
         return arrivals
 
     def finish(self) -> Arrivals:
         self._actions_here.wait()  # the device's time, not the env's
         began = time.perf_counter()
-        # busy was added by the worker before the future completed, so reading it after result() is safe
+        # the worker added its span before the future completed, so reading spans after result() is safe
         arrivals = self._pending.result()
         self._pending = None
         self.wait += time.perf_counter() - began
@@ -138,6 +140,16 @@ class OverlappedStepper(InlineStepper):
         if self._pending is not None:  # a run that failed mid-step: let the env finish before it is closed
             self._pending.exception()
         self._worker.shutdown()
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The time covered by at least one of `spans`."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
 
 
 def env_stepper(env: VecEnv, overlapped: bool, device: torch.device | None = None) -> InlineStepper:

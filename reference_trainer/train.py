@@ -28,7 +28,7 @@ from reference_trainer.envs import make_env_groups
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
-from reference_trainer.stepping import env_stepper
+from reference_trainer.stepping import busy_seconds, env_stepper
 from reference_trainer.summary import RunSummary
 from reference_trainer.timing import PhaseTimer, SetupClock
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
@@ -318,13 +318,14 @@ class Trainer:
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
         env_times = [stepper.take_times() for stepper in self.steppers]
+        env_busy = busy_seconds([span for spans, _ in env_times for span in spans]) if env_times else None
+        env_wait = sum(wait for _, wait in env_times) if env_times else None
         if self.profiler is not None:
             self.profiler.step()
         return {
             "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
             "phases": phases, "losses": losses, "episodes": episodes_done,
-            "env_busy_seconds": sum(busy for busy, _ in env_times) if env_times else None,
-            "env_wait_seconds": sum(wait for _, wait in env_times) if env_times else None,
+            "env_busy_seconds": env_busy, "env_wait_seconds": env_wait,
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
             "end_seconds": time.perf_counter() - self.process_start,
         }

@@ -243,7 +243,7 @@ def env_overlap_section(run: RunData) -> Section | None:
             for label, row in per_step.iterrows()]
     text = ["Per agent step over the steady epochs (median of repeats): the env's own time, measured where it "
             "steps (a native env from its actions sent to its results ready, a worker thread's step, else the step "
-            "in the trainer's thread); the time "
+            "in the trainer's thread; groups stepping at once count once); the time "
             "the trainer's thread spent on it (starting its steps and waiting for them); the policy's time (the "
             "rollout's eval phases). With two or more env groups the env steps beside the next group's policy, "
             "so env minus waited is what the overlap hid, and the larger of env and policy limits the rollout."]
