@@ -91,10 +91,11 @@ def print_summary(summary: dict) -> None:
     overlap = summary["env_overlap"]
     if overlap is not None:
         busy, waited, policy = overlap["env_busy_seconds"], overlap["env_wait_seconds"], overlap["policy_seconds"]
-        hidden = max(0.0, busy - waited) / busy if busy else 0.0
+        beside = max(0.0, busy - waited)  # the env's time the trainer spent on the policy instead
+        policy_text = "" if policy is None else \
+            f" (policy {policy:.3f} s, {100 * min(1.0, beside / policy) if policy else 0.0:.0f}% of it beside the env)"
         console.print(f"env busy {busy:.3f} s ({100 * busy / steady:.1f}% of the steady time), waited for {waited:.3f} s: "
-                      f"{100 * hidden:.0f}% hidden behind the policy"
-                      + ("" if policy is None else f" (policy {policy:.3f} s)"))
+                      f"{100 * beside / busy if busy else 0.0:.0f}% hidden behind the policy{policy_text}")
     ret = summary["mean_episode_return"]
     console.print(
         f"SPS {summary['sps']:,.0f} steady, {summary['sps_end_to_end']:,.0f} end to end; "

@@ -217,14 +217,18 @@ def phase_section(run: RunData) -> Section | None:
 
 def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us: float, env_groups: int) -> str:
     """One point's line: the env's share of the step, how much of it the env groups' overlap hid behind the
-    policy, and the side that limits the rollout, whose hardware would speed it."""
+    policy (and how much of the policy's time that was), and the side that limits the rollout, whose hardware
+    would speed it."""
     if np.isnan(env_us):
         return "not measured"
-    hidden = max(0.0, env_us - waited_us) / env_us if env_us else 0.0
+    beside = max(0.0, env_us - waited_us)
     text = f"env {env_us / step_us:.0%} of the step, "
-    text += f"{hidden:.0%} of it hidden behind the policy" if env_groups > 1 else "none of it hidden (one env group)"
+    text += f"{beside / env_us if env_us else 0.0:.0%} of it hidden behind the policy" if env_groups > 1 \
+        else "none of it hidden (one env group)"
     if np.isnan(policy_us):
         return text + "; the policy was not timed (timers off)"
+    if env_groups > 1 and policy_us:
+        text += f" ({min(1.0, beside / policy_us):.0%} of the policy's time)"
     text += f", policy {policy_us / step_us:.0%}: "
     if env_us > policy_us:
         text += "the env side limits the rollout, more cores or env threads would speed it"

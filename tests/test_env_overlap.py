@@ -204,8 +204,8 @@ def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tm
 
     # the side named is the larger one, and a single group says nothing was hidden
     assert which_side_waits(72.0, 43.2, 30.0, 100.0, 2) == (
-        "env 72% of the step, 40% of it hidden behind the policy, policy 30%: the env side limits the rollout, "
-        "more cores or env threads would speed it")
+        "env 72% of the step, 40% of it hidden behind the policy (96% of the policy's time), policy 30%: the env side "
+        "limits the rollout, more cores or env threads would speed it")
     assert "policy side limits" in which_side_waits(20.0, 1.0, 60.0, 100.0, 2)
     assert which_side_waits(20.0, 20.0, 60.0, 100.0, 1) == (
         "env 20% of the step, none of it hidden (one env group), policy 60%: the policy side limits the rollout, a "
