@@ -1,13 +1,14 @@
 """The env's own rate: a configured vector env stepped in a loop with random actions, no policy and no copies.
 
-    python -m benches.envrate --env gym:ale_py:ALE/Breakout-v5 --num-envs 32 [--env-threads 2]
+    python -m benches.envrate --env gym:ale_py:ALE/Breakout-v5 --num-envs 32 [--env-threads 2] [--env-groups 2]
     python -m benches.envrate --env synthetic --num-envs 1024 --obs-shape 4,84,84 --obs-dtype uint8
 
-The env is the trainer's own (`make_env` with the same settings, threads included), so a point's SPS can be
-held against it: a trainer that overlaps the env with the device runs at the smaller of this rate and the
-trainer's on synthetic frames of the same shape. Prints the start-up (construction and first reset), then
-agent steps per second of each repeat and their median. It measures under the machine-wide measurement lock,
-so it never runs beside a sweep; nothing is stored.
+The env is the trainer's own (its groups built as the trainer builds them, with the same settings, threads
+included, and stepped by the trainer's own steppers, every group's step started before any is collected), so
+a point's SPS can be held against it: a trainer that overlaps the env with the device runs at the smaller of
+this rate and the trainer's on synthetic frames of the same shape. Prints the start-up (construction and first
+reset), then agent steps per second of each repeat and their median. It measures under the machine-wide
+measurement lock, so it never runs beside a sweep; nothing is stored.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import time
 import numpy as np
 
 from reference_trainer.config import FIELD_TYPES, ConfigError, TrainConfig, field_help, validate
-from reference_trainer.envs import make_env
+from reference_trainer.envs import make_env_groups
+from reference_trainer.stepping import env_stepper
 from rlperf.errors import MachineFault
 from rlperf.lock import MeasurementLock
 
 # the settings that make the env; the trainer's other settings do not change it
-ENV_FIELDS = ("env", "seed", "num_envs", "vectorization", "env_threads", "env_workers", "obs_size", "obs_shape",
-              "obs_dtype", "num_actions", "env_cost_us")
+ENV_FIELDS = ("env", "seed", "num_envs", "env_groups", "vectorization", "env_threads", "env_workers", "obs_size",
+              "obs_shape", "obs_dtype", "num_actions", "env_cost_us")
 
 
 def env_config(**values) -> TrainConfig:
@@ -39,25 +41,36 @@ def env_config(**values) -> TrainConfig:
 def measure(cfg: TrainConfig, steps: int, repeats: int, warmup_steps: int) -> dict:
     """Start-up seconds, then agent steps per second of `repeats` runs of `steps` steps each, after
     `warmup_steps` untimed steps. The actions are drawn before each timed run."""
-    started = time.perf_counter()
-    env = make_env(cfg, cfg.num_envs)
+    groups = make_env_groups(cfg, cfg.num_envs, 0, None, meanwhile=lambda: None)
+    steppers = [env_stepper(env, cfg.env_groups > 1) for env in groups.envs]
+    first = groups.envs[0]
     try:
-        env.reset()
-        start_seconds = time.perf_counter() - started
         rng = np.random.default_rng(cfg.seed)
-        for actions in rng.integers(env.num_actions, size=(warmup_steps, cfg.num_envs)):
-            env.step(actions)
+
+        def step_all(actions: np.ndarray) -> None:
+            for stepper, group_actions in zip(steppers, np.split(actions, cfg.env_groups)):
+                stepper.start(group_actions)
+            for stepper in steppers:
+                stepper.finish()
+
+        for actions in rng.integers(first.num_actions, size=(warmup_steps, cfg.num_envs)):
+            step_all(actions)
         rates = []
         for _ in range(repeats):
-            actions = rng.integers(env.num_actions, size=(steps, cfg.num_envs))
+            actions = rng.integers(first.num_actions, size=(steps, cfg.num_envs))
             began = time.perf_counter()
             for row in actions:
-                env.step(row)
+                step_all(row)
             rates.append(steps * cfg.num_envs / (time.perf_counter() - began))
     finally:
-        env.close()
-    return {"start_seconds": start_seconds, "rates": rates, "median": statistics.median(rates),
-            "threads": getattr(env, "threads", None), "obs_shape": env.obs_shape, "obs_dtype": env.obs_dtype.name}
+        for stepper in steppers:
+            stepper.close()
+        for env in groups.envs:
+            env.close()
+    threads = [getattr(env, "threads", None) for env in groups.envs]
+    return {"start_seconds": groups.start_seconds, "rates": rates, "median": statistics.median(rates),
+            "threads": None if None in threads else sum(threads), "obs_shape": first.obs_shape,
+            "obs_dtype": first.obs_dtype.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except MachineFault as fault:
         parser.exit(1, f"{parser.prog}: error: {fault}\n")
     threads = "" if result["threads"] is None else f", {result['threads']} env threads"
-    print(f"{cfg.env}: {cfg.num_envs} envs{threads}, observations {list(result['obs_shape'])} {result['obs_dtype']}")
+    groups = f" in {cfg.env_groups} groups stepped at once" if cfg.env_groups > 1 else ""
+    print(f"{cfg.env}: {cfg.num_envs} envs{groups}{threads}, observations {list(result['obs_shape'])} "
+          f"{result['obs_dtype']}")
     print(f"start-up {result['start_seconds']:.2f} s (construction and first reset)")
     print(f"env alone: {result['median']:,.0f} agent steps/s, median of {args.repeats} x {args.steps} steps "
           f"({', '.join(f'{rate:,.0f}' for rate in result['rates'])})")

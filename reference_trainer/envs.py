@@ -552,10 +552,10 @@ class EnvGroups(NamedTuple):
     start_seconds: float  # from the first group's building to the last group's reset
 
 
-def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: torch.device,
+def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: torch.device | None,
                     meanwhile: Callable[[], None]) -> EnvGroups:
     """This rank's `num_envs` envs from global index `first_env`, in `cfg.env_groups` groups of equal size, each
-    built and reset.
+    built and reset; with no `device`, host envs only (make_env refuses a device env).
 
     Host envs are built and reset at once, a thread for each group, while `meanwhile` runs in the calling thread:
     a group split among worker processes waits on its workers' sockets, so every group's workers build their

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,3 +44,30 @@ def test_bad_input_is_one_line_naming_its_field(tmp_path, args, field):
     proc = envrate(tmp_path, *args)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and f"error: {field}: " in proc.stderr
+
+
+def test_groups_step_at_once_as_the_trainer_steps_them(monkeypatch, capsys):
+    """Two groups of gymnasium's sync copies, each step sleeping 50 ms outside the interpreter lock: stepped at
+    once, as the trainer's steppers step them, a step of all 4 envs takes about 50 ms, not 100."""
+    from benches import envrate as envrate_module
+    from reference_trainer import envs as envs_module
+
+    make_env = envs_module.make_env
+
+    def slow_env(*args, **kwargs):
+        env = make_env(*args, **kwargs)
+        step = env.step
+        env.step = lambda actions: (time.sleep(0.05), step(actions))[1]
+        return env
+
+    monkeypatch.setattr(envs_module, "make_env", slow_env)
+    cfg = envrate_module.env_config(env="gym:CartPole-v1", vectorization="sync", num_envs=4, env_groups=2)
+    result = envrate_module.measure(cfg, steps=6, repeats=1, warmup_steps=0)
+    assert 4 / 0.075 < result["median"] < 4 / 0.05
+
+
+def test_groups_are_named_in_the_first_line(tmp_path):
+    proc = envrate(tmp_path, "--env", "gym:CartPole-v1", "--vectorization", "sync", "--num-envs", "4",
+                   "--env-groups", "2", "--steps", "5", "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("gym:CartPole-v1: 4 envs in 2 groups stepped at once, observations [4] float32")
