@@ -237,8 +237,10 @@ class Policy(nn.Module):
 def full_fp32_rnn() -> Iterator[None]:
     """cuDNN's recurrent kernels in full float32 while inside: by default they compute float32 in TF32 on Ampere
     and newer GPUs, about 2.5e-4 away from the float32 cell the rollout steps over 64 steps, so training would
-    not compute the rollout's function. torch 2.9 and newer say so per operation
-    (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN operation."""
+    not compute the rollout's function. cuDNN reads the setting each time a kernel runs, so the update's backward
+    pass, where the LSTM's backward runs, is inside it too (MinibatchUpdate.backward_step). torch 2.9 and newer
+    say so per operation (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN
+    operation."""
     if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
         with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
             yield

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from reference_trainer.config import TrainConfig
-from reference_trainer.policy import Policy
+from reference_trainer.policy import Policy, full_fp32_rnn
 
 STAT_NAMES = ("policy", "value", "entropy", "approx_kl", "clipfrac")
 
@@ -106,7 +106,8 @@ class MinibatchUpdate:
 
     def backward_step(self) -> None:
         loss, self.loss = self.loss, None
-        self.scaler.scale(loss).backward()
+        with full_fp32_rnn():  # cuDNN's LSTM backward reads the precision when it runs, as its forward did
+            self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm, foreach=True)
         self.scaler.step(self.optimizer)

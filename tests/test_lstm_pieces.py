@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_trainer.policy import EpisodePieces, Policy
+from reference_trainer.policy import EpisodePieces, Policy, full_fp32_rnn
 from rlperf.torch_api import torch_has
 
 T, B, OBS, HIDDEN, ACTIONS = 16, 9, 5, 12, 3
@@ -62,7 +62,8 @@ def gradients(policy: Policy, forward, obs, h0, c0, starts):
     h, c = h0.clone().requires_grad_(), c0.clone().requires_grad_()
     policy.zero_grad()
     logits, values = forward(policy, obs, h, c, starts)
-    loss_of(logits, values).backward()
+    with full_fp32_rnn():  # as the trainer's update runs its backward
+        loss_of(logits, values).backward()
     return (logits.detach(), values.detach(), h.grad, c.grad,
             {name: p.grad.clone() for name, p in policy.named_parameters()})
 
@@ -145,6 +146,33 @@ def test_the_pieces_run_cudnns_lstm_in_full_float32_as_the_rollout_s_cell_comput
     policy.pieced_sequence(x, h0, c0, starts_where("random", torch.Generator().manual_seed(3)))
     assert precision_inside == ["ieee"]
     assert rnn_precision() == before
+
+
+def test_the_update_runs_cudnns_lstm_backward_in_full_float32_too(monkeypatch):
+    # cuDNN reads the precision each time it runs, and the LSTM's backward runs in the update's backward pass,
+    # long after its forward left full_fp32_rnn: the trainer's update, through the pieces as a GPU trains
+    from reference_trainer.config import TrainConfig, validate
+    from reference_trainer.train import train
+
+    def rnn_precision():
+        return getattr(torch.backends.cudnn.rnn, "fp32_precision", None)
+
+    seen: dict[str, list] = {"forward": [], "backward": []}
+    lstm_forward = torch.nn.LSTM.forward
+
+    def recording(self, *args, **kwargs):
+        seen["forward"].append(rnn_precision())
+        out, state = lstm_forward(self, *args, **kwargs)
+        if out.data.requires_grad:  # the gradient reaches the LSTM's output just before its backward runs
+            out.data.register_hook(lambda grad: seen["backward"].append(rnn_precision()))
+        return out, state
+
+    monkeypatch.setattr(torch.nn.LSTM, "forward", recording)
+    monkeypatch.setattr(Policy, "recurrent_sequence", Policy.pieced_sequence)
+    train(validate(TrainConfig(env="memory", device="cpu", threads=1, num_envs=8, horizon=8, minibatch_size=32,
+                               hidden_size=16, total_steps=8 * 8 * 2)))
+    assert seen["backward"] and set(seen["backward"]) == set(seen["forward"]) == {"ieee"}
+    assert rnn_precision() != "ieee"
 
 
 @pytest.mark.parametrize("path", ["cell", "pieces"])
