@@ -42,6 +42,8 @@ def bench(session: nox.Session) -> None:
     if not args:
         chosen = session.run("python", "-c", "from benches.suite import machine_smoke_suite; "
                              "print(machine_smoke_suite())", silent=True)
+        if chosen is None:  # --install-only: nox runs nothing, so there is no suite to choose
+            return
         args = ["--suite", chosen.strip().splitlines()[-1], "--device", "auto"]
     session.run("rlperf", "bench", *args)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,3 +227,15 @@ def test_check_torch_prints_where_torch_is_and_fails_without_cuda(capsys):
         assert code == 0
     else:
         assert code == 1 and "::error::this environment's torch does not see CUDA" in out
+
+
+def test_the_workflows_build_step_runs_the_noxfile_without_running_a_session():
+    """`nox -s bench tests --install-only` (the workflow's build step) installs and runs nothing: the bench
+    session's choice of suite, made by running python, must not be read when nox ran nothing. Here nox installs
+    nothing either (--no-venv --no-install), so only the sessions' own logic runs."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "nox", "-f", str(root / "noxfile.py"), "-s", "bench", "tests",
+                           "--install-only", "--no-venv", "--no-install"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "bench: success" in done.stderr and "tests: success" in done.stderr
