@@ -64,11 +64,12 @@ def render_history(store_path: str, out_dir: str, threshold: float,
 
 
 def measures_its_moment(fingerprint: dict) -> bool:
-    """Whether a run belongs in the trend: a measurement of the code of its own moment. Left out: the baseline
-    side of runs made in pairs (an older commit), a gate's confirmation (a few points again), and the runs of a
-    bisection or of a change point's confirmation (commits measured out of order)."""
+    """Whether a run belongs in the trend: a measurement of the code of its own moment, once a night. Left out:
+    the baseline side of runs made in pairs (an older commit), a gate's refinement and confirmation (a few of the
+    screen's points again, the same night), and the runs of a bisection or of a change point's confirmation
+    (commits measured out of order)."""
     pairing, gate = fingerprint.get(PAIRING) or {}, fingerprint.get("gate") or {}
-    return pairing.get("side") != "ref" and gate.get("side") != "ref" and gate.get("stage") != "confirm" \
+    return pairing.get("side") != "ref" and gate.get("side") != "ref" and gate.get("stage", "screen") == "screen" \
         and "bisect" not in fingerprint and changepoints.CONFIRMS not in fingerprint
 
 

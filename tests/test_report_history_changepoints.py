@@ -18,12 +18,22 @@ from reference_trainer.config import PHASES
 from studies.changepoint_power import SHARES, history as simulated_history, synthetic_run
 from decisions import changepoints
 from decisions.rundata import RunData, load_run
+from reports.history import measures_its_moment
 from rlperf.store import Store
+
 
 def history(seed: int, runs: int, shift_at: int | None = None, slower: dict[str, float] | None = None,
             **options) -> list[RunData]:
     options = {"process_noise": 0.06, **options}
     return simulated_history(np.random.default_rng(seed), runs, shift_at, slower, **options)
+
+
+def test_the_trend_holds_a_gate_night_once_its_screen_of_tonights_commit():
+    gate_runs = {(stage, side): {"gate": {"stage": stage, "side": side}}
+                 for stage in ("screen", "refine", "confirm") for side in ("ref", "new")}
+    in_trend = {key for key, fingerprint in gate_runs.items() if measures_its_moment(fingerprint)}
+    assert in_trend == {("screen", "new")}
+    assert measures_its_moment({}) and not measures_its_moment({"bisect": {}})
 
 
 def test_a_slower_learn_phase_is_found_at_its_run_with_its_size_and_phase():
