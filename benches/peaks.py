@@ -116,6 +116,8 @@ def fill_missing(store, key: str, run_id: str, say: Callable[[str], None]) -> No
     if not missing:
         say(f"peaks: every peak this run needs is stored for this machine ({again})")
         return
+    # said before it starts: on a GPU the probe's fresh process and its CUDA start-up take a while
+    say(f"peaks: measuring {len(missing)} that this run's roofline needs, in a fresh process")
     started = time.monotonic()
     try:
         rows, account = watched(lambda: measure_in_subprocess(missing))

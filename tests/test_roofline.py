@@ -303,10 +303,13 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
     assert "How far from the machine" in html and html.count("arithmetic intensity (FLOP per byte it must move)") == 2
 
 
-def test_a_rate_above_its_ceiling_is_named_a_bug(tmp_path):
+def test_a_rate_above_its_ceiling_is_named_a_bug(tmp_path, capsys):
     """The same kind of run, its peaks made a hundred times too low, as peaks measured beside a busy
     neighbour could be: every model phase reads above 100% and the reading says it is a bug, not a success."""
     store_path, run_id = sweep(tmp_path, "[axes]\nnum_envs = [32]")
+    # the sweep says what it measures before the probe starts, and how long it took after
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("peaks: ")]
+    assert [line.split(" ")[1] for line in lines] == ["measuring", "measured"], lines
     run = load(f"{store_path}::{run_id}")
     said = []
     with Store.open(store_path) as store:
