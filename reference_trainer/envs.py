@@ -550,6 +550,7 @@ class EnvGroups(NamedTuple):
     envs: list[VecEnv | DeviceSyntheticEnv]
     first_obs: list  # each group's observations after its reset
     start_seconds: float  # from the first group's building to the last group's reset
+    ended: float  # perf_counter() when the last group's reset ended
 
 
 def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: torch.device | None,
@@ -559,7 +560,8 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
 
     Host envs are built and reset at once, a thread for each group, while `meanwhile` runs in the calling thread:
     a group split among worker processes waits on its workers' sockets, so every group's workers build their
-    emulators together rather than a group's at a time, and the caller's own start-up work hides behind them. A
+    emulators together rather than a group's at a time, and the caller's own start-up work hides behind them
+    (behind the resets only, where an env holds the interpreter lock while it builds, as ale-py's does). A
     device env is built and reset in the calling thread, on the stream the trainer computes on."""
     start = time.perf_counter()
     size = num_envs // cfg.env_groups
@@ -567,9 +569,9 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
     if cfg.env == "synthetic-device":
         envs = [make_env(cfg, size, offset, device) for offset in offsets]
         first_obs = [env.reset() for env in envs]
-        seconds = time.perf_counter() - start
+        ended = time.perf_counter()
         meanwhile()
-        return EnvGroups(envs, first_obs, seconds)
+        return EnvGroups(envs, first_obs, ended - start, ended)
 
     def build_and_reset(offset: int) -> tuple[VecEnv, np.ndarray, float]:
         env = make_env(cfg, size, offset)
@@ -596,4 +598,4 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
         close_the_built(building)
         raise failures[0]
     envs, first_obs, finished = zip(*(group.result() for group in building))
-    return EnvGroups(list(envs), list(first_obs), max(finished) - start)
+    return EnvGroups(list(envs), list(first_obs), max(finished) - start, max(finished))

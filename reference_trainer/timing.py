@@ -30,6 +30,15 @@ class SetupClock:
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
         self._last = now
 
+    def lap_beside(self, main: str, main_end: float, beside: str) -> None:
+        """Charges the time since the previous lap to two stages that ran at once: `beside` gets only what it
+        took after `main` had ended at `main_end` (the part `main` did not hide), `main` the rest."""
+        now = time.perf_counter()
+        alone = min(max(0.0, now - main_end), now - self._last)
+        self.seconds[beside] = self.seconds.get(beside, 0.0) + alone
+        self.seconds[main] = self.seconds.get(main, 0.0) + now - self._last - alone
+        self._last = now
+
 
 class PhaseTimer:
     def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float]):

@@ -97,11 +97,12 @@ class Trainer:
         n = cfg.envs_per_rank
 
         def import_what_adam_imports() -> None:
-            # Adam's constructor imports torch._dynamo, seconds of a fresh process: they pass while the envs build
+            # Adam's constructor imports torch._dynamo, seconds of a fresh process: they pass beside the envs'
+            # start-up, or after the building of an env that holds the interpreter lock as it builds (ale-py's)
             importlib.import_module("torch._dynamo")
-            setup.lap("libraries")
 
         groups = make_env_groups(cfg, n, rank.rank * n, device, meanwhile=import_what_adam_imports)
+        setup.lap_beside("envs", groups.ended, "libraries")
         self.envs, self.env_start_seconds = groups.envs, groups.start_seconds
         self.env_on_device = cfg.env == "synthetic-device"
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1, device)

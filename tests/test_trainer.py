@@ -9,7 +9,9 @@ import torch
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv, make_env
 from reference_trainer.policy import Policy
+from reference_trainer import timing
 from reference_trainer.ppo import gae
+from reference_trainer.timing import SetupClock
 from reference_trainer.train import train
 
 SMALL = dict(env="synthetic", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6,
@@ -139,12 +141,24 @@ def test_phases_cover_the_epoch_and_the_summary_has_its_fields():
     json.dumps(summary)
 
 
+@pytest.mark.parametrize("main_end, now, charged", [
+    (5.0, 8.0, {"libraries": 3.0, "envs": 5.0}),  # the import outlasted the envs by 3 s
+    (6.0, 6.0, {"libraries": 0.0, "envs": 6.0}),  # the envs' start-up hid the whole import
+    (-1.0, 2.0, {"libraries": 2.0, "envs": 0.0}),  # nothing of this lap was the envs'
+])
+def test_a_stage_beside_another_is_charged_only_what_outlasted_it(monkeypatch, main_end, now, charged):
+    setup = SetupClock(0.0)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now)
+    setup.lap_beside("envs", main_end, "libraries")
+    assert setup.seconds == pytest.approx(charged) and list(setup.seconds) == ["libraries", "envs"]
+
+
 def test_the_setup_stages_tile_the_time_before_the_first_epoch():
     summary = train(small())
     setup = summary["setup_seconds"]
     assert list(setup) == ["device", "libraries", "envs", "model", "optimizer"] and min(setup.values()) >= 0
-    # the envs build while the libraries load: their start-up lies within those two stages
-    assert 0 < summary["env_start_seconds"] <= setup["libraries"] + setup["envs"]
+    # the envs build while the libraries load: their start-up lies within those two stages, charged to the envs
+    assert 0 < summary["env_start_seconds"] <= setup["envs"]
     first = summary["epochs"][0]
     before_first_epoch = first["end_seconds"] - first["seconds"]
     # nothing between the last stage and the first epoch but starting its clock
