@@ -35,8 +35,8 @@ class SetupClock:
         took after `main` had ended at `main_end` (the part `main` did not hide), `main` the rest."""
         now = time.perf_counter()
         alone = min(max(0.0, now - main_end), now - self._last)
-        self.seconds[beside] = self.seconds.get(beside, 0.0) + alone
         self.seconds[main] = self.seconds.get(main, 0.0) + now - self._last - alone
+        self.seconds[beside] = self.seconds.get(beside, 0.0) + alone
         self._last = now
 
 

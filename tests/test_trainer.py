@@ -150,13 +150,13 @@ def test_a_stage_beside_another_is_charged_only_what_outlasted_it(monkeypatch, m
     setup = SetupClock(0.0)
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now)
     setup.lap_beside("envs", main_end, "libraries")
-    assert setup.seconds == pytest.approx(charged) and list(setup.seconds) == ["libraries", "envs"]
+    assert setup.seconds == pytest.approx(charged) and list(setup.seconds) == ["envs", "libraries"]
 
 
 def test_the_setup_stages_tile_the_time_before_the_first_epoch():
     summary = train(small())
     setup = summary["setup_seconds"]
-    assert list(setup) == ["device", "libraries", "envs", "model", "optimizer"] and min(setup.values()) >= 0
+    assert list(setup) == ["device", "envs", "libraries", "model", "optimizer"] and min(setup.values()) >= 0
     # the envs build while the libraries load: their start-up lies within those two stages, charged to the envs
     assert 0 < summary["env_start_seconds"] <= setup["envs"]
     first = summary["epochs"][0]
