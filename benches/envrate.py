@@ -6,8 +6,8 @@
 The env is the trainer's own (its groups built as the trainer builds them, with the same settings, threads
 included, and stepped by the trainer's own steppers, every group's step started before any is collected), so
 a point's SPS can be held against it: a trainer that overlaps the env with the device runs at the smaller of
-this rate and the trainer's on synthetic frames of the same shape. Prints the start-up (construction and first
-reset), then agent steps per second of each repeat and their median. It measures under the machine-wide
+this rate and the trainer's on synthetic frames of the same shape. Prints the start-up (construction, then the
+first reset), then agent steps per second of each repeat and their median. It measures under the machine-wide
 measurement lock, so it never runs beside a sweep; nothing is stored.
 """
 
@@ -68,9 +68,9 @@ def measure(cfg: TrainConfig, steps: int, repeats: int, warmup_steps: int) -> di
         for env in groups.envs:
             env.close()
     threads = [getattr(env, "threads", None) for env in groups.envs]
-    return {"start_seconds": groups.start_seconds, "rates": rates, "median": statistics.median(rates),
-            "threads": None if None in threads else sum(threads), "obs_shape": first.obs_shape,
-            "obs_dtype": first.obs_dtype.name}
+    return {"start_seconds": groups.start_seconds, "build_seconds": groups.build_seconds, "rates": rates,
+            "median": statistics.median(rates), "threads": None if None in threads else sum(threads),
+            "obs_shape": first.obs_shape, "obs_dtype": first.obs_dtype.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = f" in {cfg.env_groups} groups stepped at once" if cfg.env_groups > 1 else ""
     print(f"{cfg.env}: {cfg.num_envs} envs{groups}{threads}, observations {list(result['obs_shape'])} "
           f"{result['obs_dtype']}")
-    print(f"start-up {result['start_seconds']:.2f} s (construction and first reset)")
+    print(f"start-up {result['start_seconds']:.2f} s: construction {result['build_seconds']:.2f} s, then the first "
+          f"reset {result['start_seconds'] - result['build_seconds']:.2f} s")
     print(f"env alone: {result['median']:,.0f} agent steps/s, median of {args.repeats} x {args.steps} steps "
           f"({', '.join(f'{rate:,.0f}' for rate in result['rates'])})")
     return 0

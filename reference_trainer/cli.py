@@ -100,7 +100,9 @@ def print_summary(summary: dict) -> None:
     console.print(
         f"SPS {summary['sps']:,.0f} steady, {summary['sps_end_to_end']:,.0f} end to end; "
         f"warm-up {summary['warmup_seconds']:.2f} s (set-up "
-        + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in summary["setup_seconds"].items())
+        + ", ".join(f"{stage} {seconds:.2f}" + (f" (building {summary['env_build_seconds']:.2f})"
+                                                   if stage == "envs" else "")
+                    for stage, seconds in summary["setup_seconds"].items())
         + f"; compile/capture {summary['compile_seconds']:.2f} s); "
         f"wall {summary['wall_seconds']:.2f} s; mean episode return "
         f"{'-' if ret is None else f'{ret:.3f}'}; dtype {summary['dtype_used']}"

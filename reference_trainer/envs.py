@@ -550,6 +550,7 @@ class EnvGroups(NamedTuple):
     envs: list[VecEnv | DeviceSyntheticEnv]
     first_obs: list  # each group's observations after its reset
     start_seconds: float  # from the first group's building to the last group's reset
+    build_seconds: float  # of those, from the first group's building to the last group's being built
     ended: float  # perf_counter() when the last group's reset ended
 
 
@@ -568,15 +569,17 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
     offsets = [first_env + g * size for g in range(cfg.env_groups)]
     if cfg.env == "synthetic-device":
         envs = [make_env(cfg, size, offset, device) for offset in offsets]
+        built = time.perf_counter()
         first_obs = [env.reset() for env in envs]
         ended = time.perf_counter()
         meanwhile()
-        return EnvGroups(envs, first_obs, ended - start, ended)
+        return EnvGroups(envs, first_obs, ended - start, built - start, ended)
 
-    def build_and_reset(offset: int) -> tuple[VecEnv, np.ndarray, float]:
+    def build_and_reset(offset: int) -> tuple[VecEnv, np.ndarray, float, float]:
         env = make_env(cfg, size, offset)
+        built = time.perf_counter()
         try:
-            return env, env.reset(), time.perf_counter()
+            return env, env.reset(), built, time.perf_counter()
         except BaseException:
             env.close()
             raise
@@ -597,5 +600,5 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
     if failures:
         close_the_built(building)
         raise failures[0]
-    envs, first_obs, finished = zip(*(group.result() for group in building))
-    return EnvGroups(list(envs), list(first_obs), max(finished) - start, max(finished))
+    envs, first_obs, built, finished = zip(*(group.result() for group in building))
+    return EnvGroups(list(envs), list(first_obs), max(finished) - start, max(built) - start, max(finished))

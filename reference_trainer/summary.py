@@ -36,6 +36,7 @@ class RunSummary:
     warmup_seconds: float
     compile_seconds: float
     env_start_seconds: float
+    env_build_seconds: float
     setup_seconds: dict[str, float]
     wall_seconds: float
     steps: int
@@ -64,7 +65,8 @@ class RunSummary:
 
     @classmethod
     def of_run(cls, cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float, warmup_seconds: float,
-               compile_seconds: float, env_start_seconds: float, setup_seconds: dict[str, float],
+               compile_seconds: float, env_start_seconds: float, env_build_seconds: float,
+               setup_seconds: dict[str, float],
                dtype_used: torch.dtype, device: torch.device, steady_window_unix_ns: list[int],
                h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
                profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
@@ -87,6 +89,7 @@ class RunSummary:
             warmup_seconds=warmup_seconds,
             compile_seconds=compile_seconds,
             env_start_seconds=env_start_seconds,
+            env_build_seconds=env_build_seconds,
             setup_seconds=setup_seconds,
             wall_seconds=wall_seconds,
             steps=steps,

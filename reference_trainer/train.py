@@ -103,7 +103,8 @@ class Trainer:
 
         groups = make_env_groups(cfg, n, rank.rank * n, device, meanwhile=import_what_adam_imports)
         setup.lap_beside("envs", groups.ended, "libraries")
-        self.envs, self.env_start_seconds = groups.envs, groups.start_seconds
+        self.envs, self.env_start_seconds, self.env_build_seconds = groups.envs, groups.start_seconds, \
+            groups.build_seconds
         self.env_on_device = cfg.env == "synthetic-device"
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1, device)
                                                        for env in self.envs]
@@ -353,6 +354,7 @@ class Trainer:
         return RunSummary.of_run(
             self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
             compile_seconds=self.calls.compile_seconds, env_start_seconds=self.env_start_seconds,
+            env_build_seconds=self.env_build_seconds,
             setup_seconds=self.setup_seconds, dtype_used=self.dtype_used, device=self.device,
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
             h2d_bytes_per_step=0 if self.env_on_device else self.experience.h2d_bytes_per_step, work=self.work,

@@ -21,7 +21,9 @@ def test_the_synthetic_env_alone_reports_its_start_and_rate(tmp_path):
                    "uint8", "--steps", "10", "--repeats", "3")
     assert proc.returncode == 0, proc.stderr
     assert "synthetic: 8 envs, observations [4, 84, 84] uint8" in proc.stdout
-    assert re.search(r"start-up \d+\.\d\d s", proc.stdout)
+    start = re.search(r"start-up (\d+\.\d\d) s: construction (\d+\.\d\d) s, then the first reset (\d+\.\d\d) s",
+                      proc.stdout)
+    assert start and float(start[1]) == pytest.approx(float(start[2]) + float(start[3]), abs=0.011)
     rates = re.search(r"env alone: ([\d,]+) agent steps/s, median of 3 x 10 steps \(([\d, ]+)\)", proc.stdout)
     assert rates and float(rates[1].replace(",", "")) > 0 and len(rates[2].split(", ")) == 3
 

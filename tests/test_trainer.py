@@ -159,6 +159,7 @@ def test_the_setup_stages_tile_the_time_before_the_first_epoch():
     assert list(setup) == ["device", "envs", "libraries", "model", "optimizer"] and min(setup.values()) >= 0
     # the envs build while the libraries load: their start-up lies within those two stages, charged to the envs
     assert 0 < summary["env_start_seconds"] <= setup["envs"]
+    assert 0 < summary["env_build_seconds"] < summary["env_start_seconds"]  # built, then reset
     first = summary["epochs"][0]
     before_first_epoch = first["end_seconds"] - first["seconds"]
     # nothing between the last stage and the first epoch but starting its clock
