@@ -130,8 +130,9 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
 def env_overlap_per_step(run: RunData) -> pd.DataFrame:
     """Per point, microseconds per agent step (median over repeats) of the env's own time (`env`), the
     trainer's time spent on it (`waited`), the policy's time (`policy`) and the whole steady step (`step`),
-    from the summaries' `env_overlap`, with the point's `env_groups`; NaN where it was not measured (runs
-    stored before the field, envs stepped on the device, `policy` without timers). Index: point label."""
+    from the summaries' `env_overlap`, with the point's `env_groups`, and the seconds of the envs' start-up
+    (`start`) and of their building within it (`build`); NaN where it was not measured (runs stored before the
+    fields, envs stepped on the device, `policy` without timers). Index: point label."""
     rows = {}
     for point_key, samples in run.samples.groupby("point_key", sort=False):
         per_repeat = []
@@ -140,8 +141,9 @@ def env_overlap_per_step(run: RunData) -> pd.DataFrame:
             per_step = 1e6 / summary["steady_steps"]
             seconds = [overlap.get(key) for key in ("env_busy_seconds", "env_wait_seconds", "policy_seconds")]
             per_repeat.append([np.nan if s is None else s * per_step for s in seconds]
-                              + [summary["steady_seconds"] * per_step])
-        medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step"]).median()
+                              + [summary["steady_seconds"] * per_step]
+                              + [summary.get(key, np.nan) for key in ("env_start_seconds", "env_build_seconds")])
+        medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step", "start", "build"]).median()
         rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0]["config"].get("env_groups", 1)}
     return pd.DataFrame(rows).T
 

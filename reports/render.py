@@ -243,19 +243,29 @@ def env_overlap_section(run: RunData) -> Section | None:
     per_step = env_overlap_per_step(run)
     rows = [{"point": label, "env (µs/step)": _fmt_us(row.env), "trainer waited (µs/step)": _fmt_us(row.waited),
              "policy (µs/step)": _fmt_us(row.policy), "which side waits": which_side_waits(
-                 row.env, row.waited, row.policy, row.step, int(row.env_groups))}
+                 row.env, row.waited, row.policy, row.step, int(row.env_groups)),
+             "env start-up s": _fmt_start(row.start, row.build)}
             for label, row in per_step.iterrows()]
     text = ["Per agent step over the steady epochs (median of repeats): the env's own time, measured where it "
             "steps (a native env from its actions sent to its results ready, a worker thread's step, else the step "
             "in the trainer's thread; groups stepping at once count once); the time "
             "the trainer's thread spent on it (starting its steps and waiting for them); the policy's time (the "
             "rollout's eval phases). With two or more env groups the env steps beside the next group's policy, "
-            "so env minus waited is what the overlap hid, and the larger of env and policy limits the rollout."]
+            "so env minus waited is what the overlap hid, and the larger of env and policy limits the rollout. "
+            "The env's start-up (before the first epoch, in the warm-up) is its building, then its first reset: "
+            "--env-workers divides the building of an env that builds its copies one after the other (ale-py), "
+            "--env-threads its reset."]
     return Section("Which side waits", text, [pd.DataFrame(rows)])
 
 
 def _fmt_us(us: float) -> str:
     return "not measured" if np.isnan(us) else f"{us:.2f}"
+
+
+def _fmt_start(start: float, build: float) -> str:
+    if np.isnan(start):
+        return "not measured"
+    return f"{start:.2f}" if np.isnan(build) else f"{start:.2f} ({build:.2f} building)"
 
 
 def fmt_phase_changes(changes: list) -> str:
