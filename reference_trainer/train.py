@@ -103,8 +103,8 @@ class Trainer:
 
         groups = make_env_groups(cfg, n, rank.rank * n, device, meanwhile=import_what_adam_imports)
         setup.lap_beside("envs", groups.ended, "libraries")
-        self.envs, self.env_start_seconds, self.env_build_seconds = groups.envs, groups.start_seconds, \
-            groups.build_seconds
+        self.envs = groups.envs
+        self.env_start_seconds, self.env_build_seconds = groups.start_seconds, groups.build_seconds
         self.env_on_device = cfg.env == "synthetic-device"
         self.steppers = [] if self.env_on_device else [env_stepper(env, cfg.env_groups > 1, device)
                                                        for env in self.envs]
