@@ -26,7 +26,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import Pairing
-from benches.peaks import fill_missing
+from benches.peaks import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions.sequential import Design, pairing_entry
@@ -84,7 +84,7 @@ class Against:
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
                     verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
-                    fill_missing(store, key, new_run, self.say)
+                    measure_run_peaks(store, key, new_run, self.say)
                 except KeyboardInterrupt:
                     for run_id in (ref_run, new_run):
                         store.finish_run(run_id, "interrupted")

@@ -27,7 +27,7 @@ from benches import forecast, suite as suites
 from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
-from benches.peaks import fill_missing
+from benches.peaks import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
@@ -138,7 +138,7 @@ class Gate:
                               lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
                     if predicted is not None:
                         self.say(predicted.review(store, self.runs, time.monotonic() - started))
-                    fill_missing(store, machine_key(current), self.runs[("screen", "new")], self.say)
+                    measure_run_peaks(store, machine_key(current), self.runs[("screen", "new")], self.say)
                 except KeyboardInterrupt:
                     for run_id in self.runs.values():
                         store.finish_run(run_id, "interrupted")

@@ -4,17 +4,20 @@ What: on the device, the matrix-product peak in float32 (and bfloat16, float16 w
 fastest of square products of growing size, rlperf.peaks.ROOF_SIDES), memory bandwidth (a large copy, reads
 and writes counted), the cost of one tiny op (an add of one element: a dispatch on a CPU, a launch on a GPU),
 and on CUDA host->device and device->host copies from pinned and pageable memory. With `--store`, also every
-kernel (rlperf/peaks.py) that this machine's runs in the store computed and whose rate is not stored yet; a
-sweep measures those for its own run by itself.
+kernel (rlperf/peaks.py) that this machine's runs in the store computed, stored or not: readers keep each
+quantity's fastest quiet measurement, so measuring again only ever raises a ceiling read low. A sweep measures
+the ones its own run lacks by itself.
 
 How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls, each waited for on a
-GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing
-as many calls as take about TIMING_S; the value is the median of those rates. A host clock brackets each
-timing, the device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a
-GPU they are timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost
-(the tiny op's rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at
-the thread count its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need)
-as JSON on stdin and writes the measured rows as JSON on stdout.
+GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing as
+many calls as take about TIMING_S; the value is the fastest of those rates. Other work only ever slows a timing,
+so the fastest is the closest to what the machine can do (STREAM reports its best rate for the same reason), and a
+peak is a ceiling: read low, it would call a phase faster than its ceiling. A host clock brackets each timing, the
+device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
+timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny op's
+rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the thread count
+its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
+and writes the measured rows as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import median
 from typing import Any, Callable
 
 from rlperf import peaks
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         if store is not None:
             runs = store.runs()
             mine = runs.loc[runs["machine_key"] == key, "run_id"]
-            needs = peaks.unique(needs + peaks.Peaks(store.peaks(key)).missing(run_needs(store, mine)))
+            needs = peaks.unique(needs + run_needs(store, mine))
         with console.status(f"measuring {len(needs)} peaks on {device_name}"):
             rows, account = watched(lambda: measure(needs))
         if store is not None:
@@ -108,13 +110,15 @@ def run_needs(store, run_ids) -> list[dict[str, Any]]:
     return peaks.unique(needs)
 
 
-def fill_missing(store, key: str, run_id: str, say: Callable[[str], None]) -> None:
+def measure_run_peaks(store, key: str, run_id: str, say: Callable[[str], None], again: bool = False) -> None:
     """Measures, in a fresh interpreter, what run `run_id`'s reading needs and the store lacks a quiet
-    measurement of for machine `key`; a probe that fails costs the report its roofline, never the run."""
-    missing = peaks.Peaks(store.peaks(key)).missing(run_needs(store, [run_id]))
-    again = f"`rlperf probe --store {store.path}` measures them again"
+    measurement of for machine `key` (with `again`, all it needs); a probe that fails costs the report its
+    roofline, never the run."""
+    needs = run_needs(store, [run_id])
+    missing = needs if again else peaks.Peaks(store.peaks(key)).missing(needs)
+    how_again = f"`rlperf probe --store {store.path}` measures them again"
     if not missing:
-        say(f"peaks: every peak this run needs is stored for this machine ({again})")
+        say(f"peaks: every peak this run needs is stored for this machine ({how_again})")
         return
     # said before it starts: on a GPU the probe's fresh process and its CUDA start-up take a while
     say(f"peaks: measuring {len(missing)} that this run's roofline needs, in a fresh process")
@@ -122,7 +126,7 @@ def fill_missing(store, key: str, run_id: str, say: Callable[[str], None]) -> No
     try:
         rows, account = watched(lambda: measure_in_subprocess(missing))
     except BadInput as exc:
-        say(f"{exc}; the report goes without its roofline ({again})")
+        say(f"{exc}; the report goes without its roofline ({how_again})")
         return
     store.add_peaks(key, rows, run_id)
     from reports.formatting import fmt_peak
@@ -170,8 +174,8 @@ def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, ke
     from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_rate_range
 
     where = f"{threads} threads" if device_name == "cpu" else device_name
-    table = Table(title=f"peaks of {where}, machine key {key}: median of {TIMINGS} timings")
-    for column in ("what", "dtype", "median", "timings (min – max)", "how"):
+    table = Table(title=f"peaks of {where}, machine key {key}: fastest of {TIMINGS} timings")
+    for column in ("what", "dtype", "rate", "timings (min – max)", "how"):
         table.add_column(column)
     for row in rows:
         table.add_row(fmt_peak(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
@@ -189,7 +193,7 @@ def measure(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Measures every need (rlperf.peaks.need) and returns the rows the store keeps, in the same order.
 
     Kernels are timed in rounds, one timing of each per round, so that a burst of other work spoils one
-    timing of many kernels (which their medians shrug off) rather than every timing of one; as many at a
+    timing of many kernels (the fastest timing of each is kept) rather than every timing of one; as many at a
     time as fit in KERNEL_GROUP_BYTES. Roofs, memory, copies and the tiny op are timed one after another."""
     rows: list[dict[str, Any] | None] = [None] * len(needs)
     kernels = [index for index, need in enumerate(needs) if need["op"] in peaks.KERNELS]
@@ -383,12 +387,12 @@ class Timer:
         return self.work * self.batch / (time.perf_counter() - started)
 
     def result(self, samples: list[float]) -> tuple[float, list[float], dict[str, Any]]:
-        return median(samples), samples, {"timings": len(samples), "calls_per_timing": self.batch,
-                                          "warmup_calls": self.warmup_calls, "graphed": self.graphed}
+        return max(samples), samples, {"kept": "fastest", "timings": len(samples), "calls_per_timing": self.batch,
+                                       "warmup_calls": self.warmup_calls, "graphed": self.graphed}
 
 
 def timed(call: Callable[[], Any], work: float, device) -> tuple[float, list[float], dict[str, Any]]:
-    """The median rate (work per second) of TIMINGS timings in a row."""
+    """The fastest rate (work per second) of TIMINGS timings in a row."""
     timer = Timer(call, work, device)
     return timer.result([timer.rate() for _ in range(TIMINGS)])
 

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from benches import suite as suites
 from benches.options import ProcessOptions
-from benches.peaks import fill_missing
+from benches.peaks import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
 from decisions.intervals import fewest_repeats
@@ -76,8 +76,8 @@ class Sweep:
                 try:
                     self.record_skipped(store, run_id, suite, machine, done)
                     self.run_points(store, run_id, suite, machine, done)
-                    fill_missing(store, key, run_id, lambda text: self.console.print(text, markup=False,
-                                                                                     soft_wrap=True))
+                    measure_run_peaks(store, key, run_id, lambda text: self.console.print(text, markup=False,
+                                                                                          soft_wrap=True))
                 except KeyboardInterrupt:
                     store.finish_run(run_id, "interrupted")
                     stored = len(store.finished_point_keys(run_id))

@@ -74,7 +74,8 @@ def fmt_method(method: dict) -> str:
     graphed = ", as a CUDA graph" if method.get("graphed") else ""
     calls = method["calls_per_timing"]
     spent = f"; {method['seconds']:.2f} s in all" if "seconds" in method else ""  # absent in older stores
-    return (f"median of {method['timings']} timings of {calls} call{'s' if calls > 1 else ''}, after "
+    kept = method.get("kept", "median")  # older stores kept the median timing
+    return (f"{kept} of {method['timings']} timings of {calls} call{'s' if calls > 1 else ''}, after "
             f"{method['warmup_calls']} warm-up calls{graphed}{spent}")
 
 

@@ -109,7 +109,7 @@ class PointRoofline:
     copy_ceiling: float
     env_rate: float
     env_cores: int | None  # cores the environments step on, where known (in-process envs: one)
-    busy_peaks: int  # the peaks read here that were measured beside other work
+    busy_peaks: int  # the peaks read here only ever measured beside other work
     reading: list[str] = field(default_factory=list)
 
     @property
@@ -186,7 +186,7 @@ def point_figures(label: str, summaries: list[dict], known: Peaks) -> PointRoofl
         copy_rate=first.get("h2d_bytes_per_step", math.nan) / per_step.get("eval_copy", math.nan),
         copy_ceiling=copy_ceiling, env_rate=1 / per_step.get("env", math.nan),
         env_cores=1 if config["env"] in BUILTIN_ENVS or config.get("vectorization") == "sync" else None,
-        busy_peaks=sum(peak_rows.busy(row) for row in known.of_device(device_name, threads)),
+        busy_peaks=known.unsettled(device_name, threads),
     )
 
 
@@ -199,7 +199,9 @@ def reading(point: PointRoofline) -> list[str]:
     over = point.over_ceiling()
     if over:
         why = (f" {point.busy_peaks} of these peaks were measured while other processes were busy: measure them "
-               "again on a quiet machine (`rlperf probe --store`)." if point.busy_peaks else "")
+               "again on a quiet machine (`rlperf probe --store`)." if point.busy_peaks else
+               " On a shared host a slow moment reads peaks low unseen: `rlperf probe --store` measures them again "
+               "and the fastest is kept, so a ratio still above 100% after it is a wrong count.")
         lines.append("BUG: " + ", ".join(f"{what} reads {ratio:.0%}" for what, ratio in over)
                      + ", above what the measured peaks allow: the counted work or the peaks are wrong." + why)
     for p in point.phases:
@@ -263,8 +265,9 @@ def next_knob(point: PointRoofline) -> str:
 
 EXPLAINED = (
     "Peaks are measured on this machine (`rlperf probe`, and every sweep for the shapes its points used): each "
-    "the median of repeated timings after a warm-up. The matrix-product peak is the fastest square product "
-    "measured (or the model's own, if faster); memory bandwidth counts a large copy's reads and writes. "
+    "the fastest of repeated timings after a warm-up, and of every measurement stored (other work only ever "
+    "slows one). The matrix-product peak is the fastest square product measured (or the model's own, if "
+    "faster); memory bandwidth counts a large copy's reads and writes. "
     "Work per agent step is counted from the policy's shapes (checked against torch's FlopCounterMode): "
     "matrix products and convolutions, two FLOPs per multiply-add. A model phase's ceiling is the lower of "
     "its kernels' time at their own measured rates and shapes, and memory bandwidth times its arithmetic "
@@ -298,17 +301,17 @@ def peaks_table(run: RunData, points) -> pd.DataFrame:
             if row["op"] in peak_rows.KERNELS:
                 continue
             rows.append({"device": where, "peak": fmt_peak(row), "dtype": row["dtype"] or "–",
-                         "median": fmt_rate(row["value"], row["unit"]),
+                         "rate": fmt_rate(row["value"], row["unit"]),
                          "timings (min – max)": fmt_rate_range(row["samples"], row["unit"]),
                          "how": fmt_method(row["method"]), "measured": row["measured_at"],
                          "busy": (row["method"].get("interference") or {}).get("why") or "–"})
             used = known.matmul_peak(device_name, threads, row["dtype"])
             if row["op"] == peak_rows.ROOF and used > row["value"]:
                 rows.append({**rows[-1], "peak": "the peak the ratios use: one of the model's kernels, faster",
-                             "median": fmt_rate(used, "FLOP/s"), "timings (min – max)": "–", "how": "–"})
+                             "rate": fmt_rate(used, "FLOP/s"), "timings (min – max)": "–", "how": "–"})
         kernels = sum(row["op"] in peak_rows.KERNELS for row in measured)
         rows.append({"device": where, "peak": f"{kernels} kernels at the model's shapes", "dtype": "–",
-                     "median": "–", "timings (min – max)": "–", "how": "the same way, timed in rounds",
+                     "rate": "–", "timings (min – max)": "–", "how": "the same way, timed in rounds",
                      "measured": "–", "busy": "–"})
     return pd.DataFrame(rows)
 

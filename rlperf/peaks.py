@@ -40,7 +40,7 @@ COPIES = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 DISPATCH = "dispatch"  # tiny ops per second: the fixed cost of one op (a dispatch on a CPU, a launch on a GPU)
 UNITS = {**{op: "FLOP/s" for op in (*KERNELS, ROOF)}, MEMORY: "B/s", **{op: "B/s" for op in COPIES}, DISPATCH: "op/s"}
 # Over 100% of a measured ceiling can only mean wrong counts or wrong peaks; a little timing jitter is not
-# allowed for: the ceilings are medians of repeated timings of work that the phase does and more.
+# allowed for: the ceilings are the fastest of repeated timings of work that the phase does and more.
 CEILING_TOLERANCE = 1.0
 
 
@@ -103,24 +103,30 @@ def busy(row: dict[str, Any]) -> bool:
 
 
 class Peaks:
-    """For one machine, each quantity's newest measurement taken on a quiet machine, or its newest at all
-    when every one was taken beside other work (rows of the store's `peaks` table)."""
+    """For one machine, each quantity's fastest measurement (rows of the store's `peaks` table). A peak is a
+    ceiling, and other work, seen or not (a shared host slows a process without a busy one in sight), only ever
+    slows a measurement: measuring again can only bring a ceiling nearer what the machine can do. A quantity is
+    settled once one of its measurements was taken on a quiet machine; until then it may read low."""
 
     def __init__(self, rows: pd.DataFrame):
         self.by_key: dict[tuple, dict[str, Any]] = {}
-        if not rows.empty:
-            for row in rows.sort_values("measured_at", kind="stable").to_dict("records"):
-                at = key(row["device_name"], row["threads"], row["op"], row["dtype"], row["shape"])
-                if at not in self.by_key or busy(self.by_key[at]) or not busy(row):
-                    self.by_key[at] = row
+        self.settled: set[tuple] = set()
+        for row in rows.to_dict("records"):
+            at = key(row["device_name"], row["threads"], row["op"], row["dtype"], row["shape"])
+            if at not in self.by_key or row["value"] > self.by_key[at]["value"]:
+                self.by_key[at] = row
+            if not busy(row):
+                self.settled.add(at)
 
     def missing(self, needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The needs with no measurement taken on a quiet machine yet."""
-        def quiet(n: dict[str, Any]) -> bool:
-            row = self.by_key.get(key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]))
-            return row is not None and not busy(row)
+        return [n for n in unique(needs)
+                if key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]) not in self.settled]
 
-        return [n for n in unique(needs) if not quiet(n)]
+    def unsettled(self, device_name: str, threads: int) -> int:
+        """How many of this device's quantities were only ever measured beside other work."""
+        device = device_name, thread_key(device_name, threads)
+        return sum(1 for at in self.by_key if at[:2] == device and at not in self.settled)
 
     def of_device(self, device_name: str, threads: int) -> list[dict[str, Any]]:
         """The rows of this device at this thread count."""

@@ -3,6 +3,7 @@ run held against them: no ratio may exceed 100%."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sqlite3
@@ -148,7 +149,7 @@ def test_least_bytes_shrink_as_one_call_serves_more_envs_and_with_byte_pixels():
         assert least(phase, **frames) - least(phase, **frames, obs_dtype="uint8") >= saved
 
 
-def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
+def test_the_probe_keeps_the_fastest_of_repeated_timings(monkeypatch):
     monkeypatch.setitem(probe.MEMORY_BYTES, "cpu", 8 * 2**20)
     monkeypatch.setitem(peaks.ROOF_SIDES, "cpu", (64, 128))
     needs = [peaks.need("cpu", "cpu", 1, peaks.ROOF, "float32", []),
@@ -160,13 +161,32 @@ def test_the_probe_keeps_the_median_of_repeated_timings(monkeypatch):
     elapsed = time.perf_counter() - started
     assert [row["op"] for row in rows] == [need["op"] for need in needs]
     for row in rows:
-        assert len(row["samples"]) == probe.TIMINGS and row["value"] == pd.Series(row["samples"]).median()
+        assert len(row["samples"]) == probe.TIMINGS and row["value"] == max(row["samples"])
+        assert row["method"]["kept"] == "fastest"
         assert row["value"] > 0 and row["method"]["warmup_calls"] >= probe.MIN_WARMUP_CALLS
         assert row["method"]["seconds"] >= probe.WARMUP_S  # what measuring it took, its warm-up at least
     assert sum(row["method"]["seconds"] for row in rows) <= elapsed
     roof = rows[0]
     assert set(roof["method"]["sides"]) <= {64, 128} and roof["value"] == max(roof["method"]["sides"].values())
     assert rows[1]["method"]["bytes"] == 8 * 2**20
+
+
+def test_a_reader_keeps_each_peaks_fastest_measurement_whichever_is_newest():
+    """A slow moment, seen or not, only ever lowers a measurement: a later, slower one must not lower a
+    ceiling, and one taken beside other work still shows a rate the machine reached. A quantity measured only
+    beside other work is measured again by the next sweep."""
+    def row(value: float, at: str, busy: bool, op: str = peaks.MEMORY) -> dict:
+        return {"device_name": "cpu", "threads": 1, "op": op, "dtype": "", "shape": [], "value": value,
+                "measured_at": at, "method": {"interference": {"contended": busy}}}
+
+    known = peaks.Peaks(pd.DataFrame([row(9e9, "2026-01-01", False), row(6e9, "2026-01-02", False),
+                                      row(12e9, "2026-01-03", True), row(2e6, "2026-01-01", True, peaks.DISPATCH),
+                                      row(3e6, "2026-01-02", True, peaks.DISPATCH),
+                                      row(1e6, "2026-01-03", True, peaks.DISPATCH)]))
+    assert known.value("cpu", 1, peaks.MEMORY) == 12e9 and known.value("cpu", 1, peaks.DISPATCH) == 3e6
+    needs = [peaks.need("cpu", "cpu", 1, op, "", []) for op in (peaks.MEMORY, peaks.DISPATCH)]
+    assert [need["op"] for need in known.missing(needs)] == [peaks.DISPATCH]
+    assert known.unsettled("cpu", 1) == 1 and known.unsettled("cpu", 2) == 0
 
 
 class QueuedDevice:
@@ -228,7 +248,7 @@ def test_rlperf_probe_prints_and_stores_the_roofs_and_refuses_bad_input(tmp_path
     path, rows = tmp_path / "results.sqlite", tmp_path / "peaks.json"
     assert main(["probe", "--device", "cpu", "--threads", "1", "--store", str(path), "--json", str(rows)]) == 0
     printed = capsys.readouterr().out
-    assert "median of 7 timings" in printed and "µs/op" in printed
+    assert "fastest of 7 timings" in printed and "µs/op" in printed
     measured = json.loads(rows.read_text())
     assert {row["op"] for row in measured} == {peaks.ROOF, peaks.MEMORY, peaks.DISPATCH}
     with Store.open(path, readonly=True) as store:
@@ -271,8 +291,9 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
 
 
 def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
-    """A ratio above 100% means the counts or the peaks are wrong. Peaks measured beside other work read low,
-    so they are measured again (up to three times) until a quiet measurement holds them."""
+    """A ratio above 100% means the counts or the peaks are wrong. Peaks measured beside other work, or at a
+    slow moment of a shared host that no process account shows, read low: as the reading tells a user, they
+    are measured again (up to three times) and the fastest quiet measurement holds. A wrong count stays above."""
     store_path, run_id = sweep(tmp_path, """
         [axes]
         num_envs = [64]
@@ -283,14 +304,14 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
         encoder = ["cnn"]
         cnn_channels = [8]
     """)
-    for _ in range(3):
+    for again in (True, True, True, False):
         run = load(f"{store_path}::{run_id}")
         found, notes = roofline.analyze(run)
-        if not any(point.busy_peaks for point in found.values()):
+        if not again or not any(point.busy_peaks or point.over_ceiling() for point in found.values()):
             break
         with Store.open(store_path) as store:
-            probe.fill_missing(store, run.info["machine_key"], run_id, print)
-    else:
+            probe.measure_run_peaks(store, run.info["machine_key"], run_id, print, again=True)
+    if any(point.busy_peaks for point in found.values()):
         pytest.skip("every measurement of the peaks had other processes busy beside it")
     assert len(found) == 2 and not notes
     for point in found.values():
@@ -303,9 +324,10 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
     assert "How far from the machine" in html and html.count("arithmetic intensity (FLOP per byte it must move)") == 2
 
 
-def test_a_rate_above_its_ceiling_is_named_a_bug(tmp_path, capsys):
-    """The same kind of run, its peaks made a hundred times too low, as peaks measured beside a busy
-    neighbour could be: every model phase reads above 100% and the reading says it is a bug, not a success."""
+def test_a_rate_above_its_ceiling_is_named_a_bug_until_measuring_again_lifts_the_ceiling(tmp_path, capsys):
+    """The same kind of run, its stored peaks made a hundred times too low, as a probe at a slow moment of a
+    shared host could read them: every model phase reads above 100%, and the reading says it is a bug, not a
+    success, and how to measure again. Measuring again keeps the faster rates: every ratio falls tenfold."""
     store_path, run_id = sweep(tmp_path, "[axes]\nnum_envs = [32]")
     # the sweep says what it measures before the probe starts, and how long it took after
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("peaks: ")]
@@ -313,12 +335,19 @@ def test_a_rate_above_its_ceiling_is_named_a_bug(tmp_path, capsys):
     run = load(f"{store_path}::{run_id}")
     said = []
     with Store.open(store_path) as store:
-        probe.fill_missing(store, run.info["machine_key"], run_id, said.append)
+        probe.measure_run_peaks(store, run.info["machine_key"], run_id, said.append)
     if not any(peaks.busy(row) for row in run.peaks.to_dict("records")):
         assert said[0].startswith("peaks: every peak this run needs is stored")  # measured once per machine
-    run.peaks = run.peaks.assign(value=run.peaks["value"] / 100)
-    (point,) = roofline.analyze(run)[0].values()
+    with contextlib.closing(sqlite3.connect(store_path)) as db, db:
+        db.execute("UPDATE peaks SET value = value / 100")
+    (point,) = roofline.analyze(load(f"{store_path}::{run_id}"))[0].values()
     assert {what for what, _ in point.over_ceiling()} >= {f"{phase} of its ceiling"
                                                           for phase in roofline.MODEL_PHASES}
     assert point.reading[0].startswith("BUG: ") and "near its ceiling" not in " ".join(point.reading)
+    assert "`rlperf probe --store`" in point.reading[0]
     assert "(above: a bug)" in roofline.phase_table([point]).to_string()
+    with Store.open(store_path) as store:  # what `rlperf probe --store` does for every run of its machine
+        probe.measure_run_peaks(store, run.info["machine_key"], run_id, said.append, again=True)
+    (again,) = roofline.analyze(load(f"{store_path}::{run_id}"))[0].values()
+    for low, measured in zip(point.phases, again.phases):
+        assert measured.of_ceiling < low.of_ceiling / 10, (low.phase, low.of_ceiling, measured.of_ceiling)
