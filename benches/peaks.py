@@ -5,8 +5,8 @@ fastest of square products of growing size, rlperf.peaks.ROOF_SIDES), memory ban
 and writes counted), the cost of one tiny op (an add of one element: a dispatch on a CPU, a launch on a GPU),
 and on CUDA host->device and device->host copies from pinned and pageable memory. With `--store`, also every
 kernel (rlperf/peaks.py) that this machine's runs in the store computed, stored or not: readers keep each
-quantity's fastest quiet measurement, so measuring again only ever raises a ceiling read low. A sweep measures
-the ones its own run lacks by itself.
+quantity's fastest measurement, so measuring again only ever raises a ceiling read low. A sweep measures the
+ones its own run lacks a quiet measurement of by itself.
 
 How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls, each waited for on a
 GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing as

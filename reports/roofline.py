@@ -198,7 +198,7 @@ def reading(point: PointRoofline) -> list[str]:
     lines = []
     over = point.over_ceiling()
     if over:
-        why = (f" {point.busy_peaks} of these peaks were measured while other processes were busy: measure them "
+        why = (f" {point.busy_peaks} of these peaks were only measured while other processes were busy: measure them "
                "again on a quiet machine (`rlperf probe --store`)." if point.busy_peaks else
                " On a shared host a slow moment reads peaks low unseen: `rlperf probe --store` measures them again "
                "and the fastest is kept, so a ratio still above 100% after it is a wrong count.")
