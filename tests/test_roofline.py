@@ -293,7 +293,7 @@ def sweep(tmp_path, axes: str) -> tuple[Path, str]:
 def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
     """A ratio above 100% means the counts or the peaks are wrong. Peaks measured beside other work, or at a
     slow moment of a shared host that no process account shows, read low: as the reading tells a user, they
-    are measured again (up to three times) and the fastest quiet measurement holds. A wrong count stays above."""
+    are measured again (up to twice more) and the fastest measurement holds. A wrong count stays above."""
     store_path, run_id = sweep(tmp_path, """
         [axes]
         num_envs = [64]
@@ -304,7 +304,7 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
         encoder = ["cnn"]
         cnn_channels = [8]
     """)
-    for again in (True, True, True, False):
+    for again in (True, True, False):
         run = load(f"{store_path}::{run_id}")
         found, notes = roofline.analyze(run)
         if not again or not any(point.busy_peaks or point.over_ceiling() for point in found.values()):
@@ -330,9 +330,10 @@ def test_a_rate_above_its_ceiling_is_named_a_bug_until_measuring_again_lifts_the
     success, and how to measure again. The next look at the run's peaks measures them all once more and keeps
     the faster rates: every ratio falls tenfold."""
     store_path, run_id = sweep(tmp_path, "[axes]\nnum_envs = [32]")
-    # the sweep says what it measures before the probe starts, and how long it took after
+    # the sweep says what it measures before the probe starts, and how long it took after (then, were a phase
+    # read above its ceiling, that it measures once more)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("peaks: ")]
-    assert [line.split(" ")[1] for line in lines] == ["measuring", "measured"], lines
+    assert [line.split(" ")[1] for line in lines][:2] == ["measuring", "measured"], lines
     run = load(f"{store_path}::{run_id}")
     said = []
     with Store.open(store_path) as store:
