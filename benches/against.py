@@ -34,7 +34,7 @@ from decisions.verdicts import PointVerdict
 from rlperf.errors import output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key, probe
+from rlperf.machine import Machine, collect, machine_key
 from rlperf.store import PointRecord, Store, utc_now
 
 
@@ -54,10 +54,14 @@ class Against:
         self.console.print(text, markup=False, soft_wrap=True)
 
     def run(self) -> int:
-        opts = self.options
-        suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        suites.load(self.options.suite)  # a bad suite stops here, before git or the machine is asked
         commit = resolve_commit(self.ref)
-        machine = self.machine or probe()
+        with Launcher(self.options.launch) as working:
+            return self.measure_suite(commit, working)
+
+    def measure_suite(self, commit: str, working: Launcher) -> int:
+        opts = self.options
+        machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
         reference = {**current, "git": {"commit": commit, "dirty": False, "ref": self.ref}}
@@ -83,7 +87,7 @@ class Against:
                 self.console.print(f"runs {ref_run} ({self.ref} at {commit[:10]}) and {new_run} (working tree): "
                                    f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
                 try:
-                    verdicts = self.measure(store, suite, machine, tree, ref_run, new_run, design)
+                    verdicts = self.measure(store, suite, machine, tree, working, ref_run, new_run, design)
                     measure_run_peaks(store, key, new_run, self.say)
                 except KeyboardInterrupt:
                     for run_id in (ref_run, new_run):
@@ -117,12 +121,12 @@ class Against:
         pairs = opts.repeats or suite_repeats
         return Design((pairs,), alpha, sides=2, threshold=opts.threshold, futility_from=pairs)
 
-    def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path, ref_run: str,
-                new_run: str, design: Design) -> list[PointVerdict]:
+    def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path, working: Launcher,
+                ref_run: str, new_run: str, design: Design) -> list[PointVerdict]:
         opts = self.options
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with Launcher(opts.launch, tree) as baseline, Launcher(opts.launch) as working:
+        with Launcher(opts.launch, tree) as baseline:
             sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
                                         trainer_command, baseline),
                      "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,

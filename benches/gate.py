@@ -37,7 +37,7 @@ from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_label, add_max_repea
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key, probe
+from rlperf.machine import Machine, collect, machine_key
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store
 
@@ -74,7 +74,15 @@ class Gate:
             output_dir(self.summary.parent, "summary")
         suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
         commit = resolve_commit(self.baseline, "baseline")
-        machine = self.machine or probe()
+        with Launcher(self.options.launch) as working:
+            plan, store_path = self.measure_night(commit, working)
+        return self.conclude(plan, store_path)
+
+    def measure_night(self, commit: str, working: Launcher) -> tuple[rules.GatePlan, Path]:
+        """Screens and confirms both commits, each pair stored as it ends; the plan they were judged by, and the
+        store's path."""
+        opts = self.options
+        machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
         fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": self.baseline}},
@@ -84,8 +92,7 @@ class Gate:
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with MeasurementLock() as lock, worktree(commit, self.say) as tree, \
-                Launcher(opts.launch, tree) as baseline, Launcher(opts.launch) as working:
+        with MeasurementLock() as lock, worktree(commit, self.say) as tree, Launcher(opts.launch, tree) as baseline:
             launchers = {"ref": baseline, "new": working}
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             with Store.open(store_path) as store:
@@ -145,7 +152,7 @@ class Gate:
                     raise
                 for run_id in self.runs.values():
                     store.finish_run(run_id, "complete")
-        return self.conclude(plan, store_path)
+        return plan, store_path
 
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""

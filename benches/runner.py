@@ -20,6 +20,7 @@ from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
 from rlperf.forkserver import ForkedChild, ForkServer, ServerGone, forkable
+from rlperf.machine import Machine, probe
 from rlperf.processes import signal_name, spawn
 
 REASON_LINES = 8
@@ -121,6 +122,16 @@ class Launcher:
                 return None
             self.server = server
         return self.server
+
+    def probe_machine(self) -> Machine:
+        """What the machine can run (rlperf/machine.py), asked of a child of the server that will fork the
+        repeats, so that its imports are paid once for both; of a fresh interpreter if it cannot be forked."""
+        server = self.prepare([sys.executable, "-m", "rlperf.machine"])
+        try:
+            return probe(server=server)
+        except ServerGone:
+            self.gone()
+            return probe()
 
     def start(self, server: ForkServer | None, command: list[str], log,
               log_path: Path) -> ForkedChild | subprocess.Popen:

@@ -28,7 +28,7 @@ from decisions.rundata import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key, probe
+from rlperf.machine import Machine, collect, machine_key
 from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
 from rlperf.terminal import default_console
 
@@ -56,9 +56,13 @@ class Sweep:
         self.run_id: str | None = None
 
     def run(self) -> int:
+        suites.load(self.options.suite)  # a bad suite stops here, before the machine or the store is touched
+        with Launcher(self.options.launch) as launcher:
+            return self.measure_suite(launcher)
+
+    def measure_suite(self, launcher: Launcher) -> int:
         opts = self.options
-        suites.load(opts.suite)  # a bad suite stops here, before the machine or the store is touched
-        machine = self.machine or probe()
+        machine = self.machine or launcher.probe_machine()
         suite, overrides = opts.suite_on(machine)
         if self.export is not None:
             check_export_path(self.export)
@@ -75,7 +79,7 @@ class Sweep:
                 lock.update(run_id=run_id)
                 try:
                     self.record_skipped(store, run_id, suite, machine, done)
-                    self.run_points(store, run_id, suite, machine, done)
+                    self.run_points(store, run_id, suite, machine, done, launcher)
                     measure_run_peaks(store, key, run_id, lambda text: self.console.print(text, markup=False,
                                                                                           soft_wrap=True))
                 except KeyboardInterrupt:
@@ -140,16 +144,16 @@ class Sweep:
                 done.add(point.key)
                 self.console.print(f"skipped {point.label}: {reason}")
 
-    def run_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine, done: set[str]) -> None:
+    def run_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine, done: set[str],
+                   launcher: Launcher) -> None:
         opts = self.options
         todo = [(index, point) for index, point in enumerate(suite.points) if point.key not in done]
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         if not todo:
             return
-        with Launcher(opts.launch) as launcher:
-            runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_for(suite),
-                                 utilization, self.command_for, launcher)
-            self.measure_points(store, run_id, suite, machine, todo, runner, utilization)
+        runner = PointRunner(opts.out_dir / run_id, opts.repeats or suite.repeats, opts.timeout_for(suite),
+                             utilization, self.command_for, launcher)
+        self.measure_points(store, run_id, suite, machine, todo, runner, utilization)
 
     def measure_points(self, store: Store, run_id: str, suite: suites.Suite, machine: Machine,
                        todo: list[tuple[int, suites.Point]], runner: PointRunner,

@@ -101,9 +101,11 @@ class ForkServer:
         self.refused: str | None = ready["refused"]
         self.import_s: float = ready["import_s"]
 
-    def start(self, command: list[str], log_path: Path) -> ForkedChild:
-        """Forks `command` (`forkable`), its output appended to `log_path`."""
-        request = {"module": command[2], "args": command[3:], "log": str(Path(log_path).absolute())}
+    def start(self, command: list[str], log_path: Path, stdout_path: Path | None = None) -> ForkedChild:
+        """Forks `command` (`forkable`), its output appended to `log_path` (its standard output to `stdout_path`
+        instead, if given)."""
+        request = {"module": command[2], "args": command[3:], "log": str(Path(log_path).absolute()),
+                   "stdout": str(Path(stdout_path).absolute()) if stdout_path is not None else None}
         try:
             self.socket.sendall(json.dumps(request).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -112,6 +114,24 @@ class ForkServer:
         if started is None:
             raise ServerGone(f"the fork server (pid {self.process.pid}) did not fork in {READY_TIMEOUT_S:g} s")
         return ForkedChild(self, started["pid"])
+
+    def run(self, command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        """Forks `command` and waits for it, its output captured as text as subprocess.run captures it; killed,
+        and subprocess.TimeoutExpired raised, after `timeout_s`."""
+        with tempfile.TemporaryDirectory(prefix="rlperf-forked-") as directory:
+            stdout_path, stderr_path = Path(directory, "stdout"), Path(directory, "stderr")
+            child = self.start(command, stderr_path, stdout_path)
+            try:
+                child.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except ProcessLookupError:  # not yet in a session of its own
+                    os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+                raise
+            return subprocess.CompletedProcess(command, child.returncode, stdout_path.read_text(errors="replace"),
+                                               stderr_path.read_text(errors="replace"))
 
     def receive(self, timeout: float | None) -> dict | None:
         """The server's next message; None when `timeout` passes first."""
@@ -234,12 +254,13 @@ def become(request: dict, server_pid: int) -> None:
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != server_pid:
         os._exit(1)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    stdout = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if request["stdout"] else log
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(log, 1)
+    os.dup2(stdout, 1)
     os.dup2(log, 2)
-    os.close(log)
-    os.close(devnull)
+    for fd in {log, stdout, devnull}:
+        os.close(fd)
     sys.argv = [request["module"], *request["args"]]
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)

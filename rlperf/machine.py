@@ -1,5 +1,6 @@
-"""What this machine can run, asked of a fresh interpreter so that the harness process never creates a CUDA
-context of its own (each point gets a clean one), and decided here rather than by letting points crash.
+"""What this machine can run, asked of a process of its own (a fresh interpreter, or a child of the fork server
+that will fork the trainers) so that the harness process never creates a CUDA context of its own (each point
+gets a clean one), and decided here rather than by letting points crash.
 
 Run as `python -m rlperf.machine`: prints one JSON object.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import psutil
 
 from rlperf.errors import BadInput, MachineFault
+from rlperf.forkserver import ForkServer, forkable
 from rlperf.torch_api import supported_torch
 
 
@@ -99,11 +101,16 @@ class Machine:
 BAD_TORCH = 2  # the probe's exit code for a torch rlperf does not support
 
 
-def probe(python: str = sys.executable, timeout_s: float = 120.0) -> Machine:
-    """What `python`'s torch can run. A torch rlperf does not support is bad input (exit 2); a probe that
+def probe(python: str = sys.executable, timeout_s: float = 120.0, server: ForkServer | None = None) -> Machine:
+    """What `python`'s torch can run, asked of a child forked from `server` (whose imports are done) where one
+    is given, else of a fresh interpreter. A torch rlperf does not support is bad input (exit 2); a probe that
     fails otherwise (a broken driver, a torch that cannot start) is a fault of the machine (exit 1)."""
+    command = [python, "-m", "rlperf.machine"]
     try:
-        done = subprocess.run([python, "-m", "rlperf.machine"], capture_output=True, text=True, timeout=timeout_s)
+        if server is not None and forkable(command):
+            done = server.run(command, timeout_s)
+        else:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise MachineFault(f"torch: `{python} -m rlperf.machine` did not answer within {timeout_s:.0f} s") from None
     if done.returncode != 0:

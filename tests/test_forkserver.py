@@ -23,6 +23,7 @@ from benches.runner import Launcher, PointRunner, UtilizationProbe
 from benches.suite import Point
 from reference_trainer.config import TrainConfig
 from rlperf.forkserver import ForkServer, ServerGone, forkable
+from rlperf.machine import probe
 from test_processes import still_running
 
 # A module the children run, in the server's directory: it says what it sees, then does what it is told.
@@ -101,6 +102,26 @@ def test_a_child_killed_in_its_session_reads_as_killed_and_the_server_forks_on(s
     os.killpg(child.pid, signal.SIGKILL)  # what a repeat's timeout does
     assert child.wait(120) == -signal.SIGKILL
     assert run(started, tmp_path / "after", "exit", "0")[0] == 0
+
+
+def test_run_captures_standard_output_apart_from_the_log_and_kills_a_child_past_its_timeout(server):
+    started, _ = server
+    done = started.run([sys.executable, "-m", "probe_module", "message"], 120)
+    assert done.returncode == 1 and json.loads(done.stdout)["argv"] == ["message"]
+    assert done.stderr.strip() == "a message for the log"
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        started.run([sys.executable, "-m", "probe_module", "sleep"], 0.5)
+    assert still_running([int(timed_out.value.cmd.removeprefix("pid "))]) == []
+    assert started.run([sys.executable, "-m", "probe_module", "exit", "0"], 120).returncode == 0
+
+
+def test_the_machine_probed_by_a_child_of_the_server_is_the_machine_probed_fresh():
+    with Launcher("forked") as launcher:
+        forked = launcher.probe_machine()
+        assert launcher.server is not None  # started by the probe, kept for the repeats
+    with Launcher("fresh") as launcher:
+        assert launcher.probe_machine() == forked == probe()
+        assert launcher.server is None
 
 
 def test_only_this_interpreters_modules_are_forked():
