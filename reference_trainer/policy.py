@@ -83,6 +83,8 @@ class Policy(nn.Module):
             self.sequence_workspaces = Workspaces()
         else:
             self.core = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU())
+        # set by a forward that ran cuDNN's LSTM in full float32 for a gradient: its backward must run so too
+        self.fp32_rnn_backward_owed = False
         self.actor = nn.Linear(hidden_size, num_actions)
         self.critic = nn.Linear(hidden_size, 1)
         self._init_weights()
@@ -230,6 +232,7 @@ class Policy(nn.Module):
             return out
         with full_fp32_rnn():
             out, _ = self.lstm(packed, (h[None], c[None]))
+        self.fp32_rnn_backward_owed |= out.data.requires_grad
         return out.data
 
 
@@ -238,9 +241,11 @@ def full_fp32_rnn() -> Iterator[None]:
     """cuDNN's recurrent kernels in full float32 while inside: by default they compute float32 in TF32 on Ampere
     and newer GPUs, about 2.5e-4 away from the float32 cell the rollout steps over 64 steps, so training would
     not compute the rollout's function. cuDNN reads the setting each time a kernel runs, so the update's backward
-    pass, where the LSTM's backward runs, is inside it too (MinibatchUpdate.backward_step). torch 2.9 and newer
-    say so per operation (torch.backends.cudnn.rnn.fp32_precision); before it, one switch governed every cuDNN
-    operation."""
+    pass, where the LSTM's backward runs, is inside it too when its forward ran the LSTM here
+    (`fp32_rnn_backward_owed`, MinibatchUpdate.backward_step). torch 2.9 and newer say so per operation
+    (torch.backends.cudnn.rnn.fp32_precision), and then refuse to say whether cuDNN as a whole allows TF32 while
+    inside; before 2.9, one switch governs every cuDNN operation, so a CNN's convolutions run their backward in
+    full float32 too."""
     if not torch_has("torch.backends.cudnn.rnn.fp32_precision"):
         with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
             yield

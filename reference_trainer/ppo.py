@@ -5,6 +5,7 @@ as CUDA graphs, and they hold no reference back to the trainer."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Callable
 
@@ -106,7 +107,11 @@ class MinibatchUpdate:
 
     def backward_step(self) -> None:
         loss, self.loss = self.loss, None
-        with full_fp32_rnn():  # cuDNN's LSTM backward reads the precision when it runs, as its forward did
+        # cuDNN's LSTM backward reads the precision when it runs, as its forward did; only a forward through the
+        # pieces ran it (an eager update on a GPU), and the setting stays off every other backward (see
+        # full_fp32_rnn: a CNN's convolutions, inductor's reads of the old API while it compiles a backward)
+        owed, self.policy.fp32_rnn_backward_owed = self.policy.fp32_rnn_backward_owed, False
+        with full_fp32_rnn() if owed else contextlib.nullcontext():
             self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm, foreach=True)

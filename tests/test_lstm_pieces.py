@@ -4,6 +4,8 @@ stepping the rollout's cell over the sequence and zeroing the state at every sta
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -173,6 +175,33 @@ def test_the_update_runs_cudnns_lstm_backward_in_full_float32_too(monkeypatch):
                                hidden_size=16, total_steps=8 * 8 * 2)))
     assert seen["backward"] and set(seen["backward"]) == set(seen["forward"]) == {"ieee"}
     assert rnn_precision() != "ieee"
+
+
+def test_an_update_whose_forward_stepped_the_cell_leaves_cudnns_precision_alone(monkeypatch):
+    # Graphed and compiled updates step the cell: no cuDNN LSTM runs, and the setting would only reach the other
+    # cuDNN operations (before torch 2.9 a CNN's convolutions run their backward in full float32 under it; from
+    # 2.9 a compiler that reads the old API while it builds the backward is refused under it)
+    import reference_trainer.ppo as ppo
+    from reference_trainer.config import TrainConfig, validate
+    from reference_trainer.train import train
+
+    entered = []
+    in_full_fp32 = ppo.full_fp32_rnn
+
+    @contextlib.contextmanager
+    def recorded():
+        entered.append(True)
+        with in_full_fp32():
+            yield
+
+    monkeypatch.setattr(ppo, "full_fp32_rnn", recorded)
+    cfg = validate(TrainConfig(env="memory", device="cpu", threads=1, num_envs=8, horizon=8, minibatch_size=32,
+                               hidden_size=16, total_steps=8 * 8 * 2))
+    train(cfg)
+    assert entered == []
+    monkeypatch.setattr(Policy, "recurrent_sequence", Policy.pieced_sequence)
+    train(cfg)
+    assert entered  # the same update through the pieces owes it
 
 
 @pytest.mark.parametrize("path", ["cell", "pieces"])
