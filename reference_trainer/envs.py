@@ -18,7 +18,7 @@ import importlib
 import inspect
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -562,8 +562,11 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
     Host envs are built and reset at once, a thread for each group, while `meanwhile` runs in the calling thread:
     a group split among worker processes waits on its workers' sockets, so every group's workers build their
     emulators together rather than a group's at a time, and the caller's own start-up work hides behind them
-    (behind the resets only, where an env holds the interpreter lock while it builds, as ale-py's does). A
-    device env is built and reset in the calling thread, on the stream the trainer computes on."""
+    (behind the resets only, where an env holds the interpreter lock while it builds, as ale-py's does). Async
+    copies are the exception: gymnasium forks their subprocesses as it builds them, and a child forked while
+    another thread imports (`meanwhile`, another group's build) would wait forever on any module lock that
+    thread held, so their groups are built and reset in turn in the calling thread, and `meanwhile` runs after.
+    A device env is built and reset in the calling thread, on the stream the trainer computes on."""
     start = time.perf_counter()
     size = num_envs // cfg.env_groups
     offsets = [first_env + g * size for g in range(cfg.env_groups)]
@@ -584,21 +587,36 @@ def make_env_groups(cfg: TrainConfig, num_envs: int, first_env: int, device: tor
             env.close()
             raise
 
-    def close_the_built(groups: list[Future]) -> None:
-        for group in groups:
-            if group.exception() is None:
-                group.result()[0].close()
-
-    with ThreadPoolExecutor(cfg.env_groups, thread_name_prefix="env-build") as builders:
-        building = [builders.submit(build_and_reset, offset) for offset in offsets]
+    def build_in_turn() -> list[tuple[VecEnv, np.ndarray, float, float]]:
+        groups = []
         try:
+            for offset in offsets:
+                groups.append(build_and_reset(offset))
             meanwhile()
         except BaseException:
-            close_the_built(building)
+            for env, *_ in groups:
+                env.close()
             raise
-    failures = [group.exception() for group in building if group.exception() is not None]
-    if failures:
-        close_the_built(building)
-        raise failures[0]
-    envs, first_obs, built, finished = zip(*(group.result() for group in building))
+        return groups
+
+    def build_at_once() -> list[tuple[VecEnv, np.ndarray, float, float]]:
+        def close_the_built() -> None:
+            for group in building:
+                if group.exception() is None:
+                    group.result()[0].close()
+
+        with ThreadPoolExecutor(cfg.env_groups, thread_name_prefix="env-build") as builders:
+            building = [builders.submit(build_and_reset, offset) for offset in offsets]
+            try:
+                meanwhile()
+            except BaseException:
+                close_the_built()
+                raise
+        failures = [group.exception() for group in building if group.exception() is not None]
+        if failures:
+            close_the_built()
+            raise failures[0]
+        return [group.result() for group in building]
+
+    envs, first_obs, built, finished = zip(*(build_in_turn() if cfg.vectorization == "async" else build_at_once()))
     return EnvGroups(list(envs), list(first_obs), max(finished) - start, max(built) - start, max(finished))

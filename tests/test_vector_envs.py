@@ -2,8 +2,11 @@
 autoreset modes, and the trainer's masking of the reset-only steps of next-step envs."""
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import gymnasium
 import numpy as np
@@ -12,7 +15,7 @@ from gymnasium.vector import AutoresetMode
 
 import reference_trainer.envs as envs_module
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
-from reference_trainer.envs import GymVecEnv
+from reference_trainer.envs import GymVecEnv, make_env_groups
 from rlperf.cpus import usable_cores
 from reference_trainer.train import train
 
@@ -213,6 +216,37 @@ def test_async_copies_give_the_transitions_sync_copies_give():
         assert transitions(subprocesses, 20) == transitions(sync, 20)
     finally:
         subprocesses.close()
+
+
+def test_async_copies_fork_only_while_no_other_thread_of_the_trainer_runs(monkeypatch):
+    """gymnasium forks async copies' subprocesses as it builds them, and the trainer builds its groups beside its
+    own start-up work (`meanwhile`, which imports). A fork beside another thread can leave the child waiting
+    forever on a lock that thread held; each of the four forks here must find only the threads that were there
+    before the groups were built, and `meanwhile` not running."""
+    forks = []
+    importing = threading.Event()
+    real_fork = os.fork
+
+    def fork():
+        forks.append((threading.active_count(), importing.is_set()))
+        return real_fork()
+
+    def meanwhile():
+        importing.set()
+        time.sleep(0.2)
+        importing.clear()
+
+    monkeypatch.setattr(os, "fork", fork)
+    cfg = validate(TrainConfig(env=f"gym:{countdown(AutoresetMode.SAME_STEP)}", vectorization="async", num_envs=4,
+                               env_groups=2, horizon=4, minibatch_size=4))
+    threads_before = threading.active_count()
+    groups = make_env_groups(cfg, 4, 0, None, meanwhile)
+    try:
+        assert forks == [(threads_before, False)] * 4
+        assert [obs.shape for obs in groups.first_obs] == [(2, 2), (2, 2)]
+    finally:
+        for env in groups.envs:
+            env.close()
 
 
 SMALL = dict(num_envs=8, horizon=8, minibatch_size=32, hidden_size=16, total_steps=8 * 8 * 6, threads=1,
