@@ -54,47 +54,56 @@ class Against:
         self.console.print(text, markup=False, soft_wrap=True)
 
     def run(self) -> int:
-        suites.load(self.options.suite)  # a bad suite stops here, before git or the machine is asked
+        opts = self.options
+        suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
         commit = resolve_commit(self.ref)
-        with Launcher(self.options.launch) as working:
-            return self.measure_suite(commit, working)
+        output_dir(opts.out_dir, "out")
+        store_path = opts.out_dir / STORE_FILE
+        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
+            ref_run, new_run, verdicts = self.measure_suite(commit, working, lock, store_path)
+        return self.conclude(store_path, ref_run, new_run, verdicts)
 
-    def measure_suite(self, commit: str, working: Launcher) -> int:
+    def measure_suite(self, commit: str, working: Launcher, lock: MeasurementLock,
+                      store_path: Path) -> tuple[str, str, list[PointVerdict]]:
+        """Both sides measured under the machine's lock, from the probe on (the probe and the server's imports
+        are work on the machine too); the reference's run, the working tree's, and the verdicts as measured."""
         opts = self.options
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
         reference = {**current, "git": {"commit": commit, "dirty": False, "ref": self.ref}}
         key = machine_key(current)
-        output_dir(opts.out_dir, "out")
-        store_path = opts.out_dir / STORE_FILE
         runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
         design = self.design(len(runnable), suite.repeats)
-        with MeasurementLock() as lock, worktree(commit, self.say) as tree:
-            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
-            with Store.open(store_path) as store:
-                label = opts.label or f"against {self.ref}"
-                ref_run = store.create_run(suite.name, suite.suite_hash,
-                                           {**reference, "against": {"side": "ref", "ref": self.ref},
-                                            **pairing_entry("ref", None, design)}, key,
-                                           f"{label}: {self.ref} ({commit[:10]})")
-                new_run = store.create_run(suite.name, suite.suite_hash,
-                                           {**current, "against": {"side": "working tree", "ref": self.ref,
-                                                                   "ref_run": ref_run},
-                                            **pairing_entry("new", ref_run, design)}, key,
-                                           f"{label}: working tree")
-                lock.update(run_id=new_run)
-                self.console.print(f"runs {ref_run} ({self.ref} at {commit[:10]}) and {new_run} (working tree): "
-                                   f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
-                try:
-                    verdicts = self.measure(store, suite, machine, tree, working, ref_run, new_run, design)
-                    measure_run_peaks(store, key, new_run, self.say)
-                except KeyboardInterrupt:
-                    for run_id in (ref_run, new_run):
-                        store.finish_run(run_id, "interrupted")
-                    raise
+        with worktree(commit, self.say) as tree, Store.open(store_path) as store:
+            label = opts.label or f"against {self.ref}"
+            ref_run = store.create_run(suite.name, suite.suite_hash,
+                                       {**reference, "against": {"side": "ref", "ref": self.ref},
+                                        **pairing_entry("ref", None, design)}, key,
+                                       f"{label}: {self.ref} ({commit[:10]})")
+            new_run = store.create_run(suite.name, suite.suite_hash,
+                                       {**current, "against": {"side": "working tree", "ref": self.ref,
+                                                               "ref_run": ref_run},
+                                        **pairing_entry("new", ref_run, design)}, key,
+                                       f"{label}: working tree")
+            lock.update(run_id=new_run)
+            self.console.print(f"runs {ref_run} ({self.ref} at {commit[:10]}) and {new_run} (working tree): "
+                               f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
+            try:
+                verdicts = self.measure(store, suite, machine, tree, working, ref_run, new_run, design)
+                measure_run_peaks(store, key, new_run, self.say)
+            except KeyboardInterrupt:
                 for run_id in (ref_run, new_run):
-                    store.finish_run(run_id, "complete")
+                    store.finish_run(run_id, "interrupted")
+                raise
+            for run_id in (ref_run, new_run):
+                store.finish_run(run_id, "complete")
+        return ref_run, new_run, verdicts
+
+    def conclude(self, store_path: Path, ref_run: str, new_run: str, verdicts: list[PointVerdict]) -> int:
+        """The report of the working tree against the reference, its verdicts printed; the exit code."""
+        opts = self.options
         from reports.cli import print_verdicts
         from reports.render import render
         from decisions.rundata import load_run

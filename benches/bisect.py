@@ -275,26 +275,27 @@ class Bisect:
     def run(self) -> int:
         opts = self.options
         suite, point, good, bad, commits = self.check()
-        machine = self.machine or probe()
-        suite, overrides = opts.suite_on(machine)
-        point = next(p for p in suite.points if p.key == point.key)
-        reason = machine.skip_reason(point.config)
-        if reason is not None:
-            raise BadInput(f"point: this machine cannot run {point.label}: {reason}")
-        current = collect(machine, suite.suite_hash, overrides)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        self.record = {"good": {"ref": self.good_ref, "commit": good.sha, "subject": good.subject},
-                       "bad": {"ref": self.bad_ref, "commit": bad.sha, "subject": bad.subject},
-                       "order": "first-parent", "commits": [asdict(c) for c in commits],
-                       "suite": suite.name, "point": point.key, "alpha": opts.alpha, "max_repeats": opts.max_repeats,
-                       "budget_s": opts.budget_s, "store": str(store_path), "steps": [], "first_bad": None,
-                       "status": "running", "conclusion": ""}
-        search = Search(len(commits))
-        threshold = opts.threshold or DEFAULT_THRESHOLD
-        with MeasurementLock() as lock, worktree(good.sha, self.say) as good_tree:
+        # from the probe on, under the machine's lock: the probe is work on the machine too
+        with MeasurementLock() as lock:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
-            with Store.open(store_path) as store:
+            machine = self.machine or probe()
+            suite, overrides = opts.suite_on(machine)
+            point = next(p for p in suite.points if p.key == point.key)
+            reason = machine.skip_reason(point.config)
+            if reason is not None:
+                raise BadInput(f"point: this machine cannot run {point.label}: {reason}")
+            current = collect(machine, suite.suite_hash, overrides)
+            self.record = {"good": {"ref": self.good_ref, "commit": good.sha, "subject": good.subject},
+                           "bad": {"ref": self.bad_ref, "commit": bad.sha, "subject": bad.subject},
+                           "order": "first-parent", "commits": [asdict(c) for c in commits],
+                           "suite": suite.name, "point": point.key, "alpha": opts.alpha,
+                           "max_repeats": opts.max_repeats, "budget_s": opts.budget_s, "store": str(store_path),
+                           "steps": [], "first_bad": None, "status": "running", "conclusion": ""}
+            search = Search(len(commits))
+            threshold = opts.threshold or DEFAULT_THRESHOLD
+            with worktree(good.sha, self.say) as good_tree, Store.open(store_path) as store:
                 self.say(f"bisect: {len(commits)} commits after {good} (good) up to {bad.short} (bad), BAD's "
                          f"first-parent chain; point {point.label} of suite {suite.name}; store {store.path}")
                 measure = Measure(self, store, suite, point, machine, current, good, bad, good_tree)

@@ -74,10 +74,10 @@ class Confirm:
         if not found:
             self.say("confirm: no change point left to confirm")
             return 0
-        machine = probe()
         outcomes = []
         with MeasurementLock() as lock:
             lock.acquire(opts.wait, self.say, suite="confirm", store=str(store_path.resolve()))
+            machine = probe()  # the probe is work on the machine too: under the lock
             for change, runs in found:
                 outcomes.append(self.confirm(store_path, machine, change, runs))
         for line in outcomes:

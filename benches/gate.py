@@ -72,87 +72,89 @@ class Gate:
             if self.summary.is_dir():
                 raise BadInput(f"summary: {self.summary} is a directory; name a file")
             output_dir(self.summary.parent, "summary")
-        suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
         commit = resolve_commit(self.baseline, "baseline")
-        with Launcher(self.options.launch) as working:
-            plan, store_path = self.measure_night(commit, working)
+        output_dir(opts.out_dir, "out")
+        store_path = opts.out_dir / STORE_FILE
+        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
+            plan = self.measure_night(commit, working, lock, store_path)
         return self.conclude(plan, store_path)
 
-    def measure_night(self, commit: str, working: Launcher) -> tuple[rules.GatePlan, Path]:
-        """Screens and confirms both commits, each pair stored as it ends; the plan they were judged by, and the
-        store's path."""
+    def measure_night(self, commit: str, working: Launcher, lock: MeasurementLock,
+                      store_path: Path) -> rules.GatePlan:
+        """Screens and confirms both commits under the machine's lock, from the probe on (the probe and the
+        server's imports are work on the machine too), each pair stored as it ends; the plan they were judged by."""
         opts = self.options
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
         fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": self.baseline}},
                         "new": current}
-        output_dir(opts.out_dir, "out")
-        store_path = opts.out_dir / STORE_FILE
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with MeasurementLock() as lock, worktree(commit, self.say) as tree, Launcher(opts.launch, tree) as baseline:
+        with worktree(commit, self.say) as tree, Launcher(opts.launch, tree) as baseline, \
+                Store.open(store_path) as store:
             launchers = {"ref": baseline, "new": working}
-            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
-            with Store.open(store_path) as store:
-                def create(stage: str) -> None:
-                    for side in SIDES:
-                        entry = {"stage": stage, "side": side, "baseline": self.baseline, "plan": plan.to_dict(),
-                                 "screen_pairs": allocation,
-                                 "runs": {f"{s}_{d}": r for (s, d), r in self.runs.items()}}
-                        label = f"{opts.label or 'gate'} {stage}: " + \
-                            (f"{self.baseline} ({commit[:10]})" if side == "ref" else "working tree")
-                        self.runs[(stage, side)] = store.create_run(
-                            suite.name, suite.suite_hash, {**fingerprints[side], rules.GATE: entry},
-                            machine_key(current), label)
-                    lock.update(run_id=self.runs[(stage, "new")])
 
-                def runners(stage: str) -> dict[str, PointRunner]:
-                    return {side: PointRunner(opts.out_dir / self.runs[(stage, side)], plan.max_pairs, timeout,
-                                              utilization, trainer_command, launchers[side])
-                            for side in SIDES}
+            def create(stage: str) -> None:
+                for side in SIDES:
+                    entry = {"stage": stage, "side": side, "baseline": self.baseline, "plan": plan.to_dict(),
+                             "screen_pairs": allocation,
+                             "runs": {f"{s}_{d}": r for (s, d), r in self.runs.items()}}
+                    label = f"{opts.label or 'gate'} {stage}: " + \
+                        (f"{self.baseline} ({commit[:10]})" if side == "ref" else "working tree")
+                    self.runs[(stage, side)] = store.create_run(
+                        suite.name, suite.suite_hash, {**fingerprints[side], rules.GATE: entry},
+                        machine_key(current), label)
+                lock.update(run_id=self.runs[(stage, "new")])
 
-                runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
-                history = forecast.screen_history(store, machine_key(current), runnable, plan)
-                allocation = rules.screen_allocation(history, plan)
-                plan = replace(plan, point_spreads=rules.relative_spreads(history))
+            def runners(stage: str) -> dict[str, PointRunner]:
+                return {side: PointRunner(opts.out_dir / self.runs[(stage, side)], plan.max_pairs, timeout,
+                                          utilization, trainer_command, launchers[side])
+                        for side in SIDES}
 
-                def forecast_night() -> forecast.Forecast | None:
-                    return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
-                                            allocation)
+            runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
+            history = forecast.screen_history(store, machine_key(current), runnable, plan)
+            allocation = rules.screen_allocation(history, plan)
+            plan = replace(plan, point_spreads=rules.relative_spreads(history))
 
-                def record(stage: str, side: str, point_record: PointRecord) -> None:
-                    nonlocal predicted
-                    store.record_point(self.runs[(stage, side)], point_record)
-                    if predicted is None and stage == "screen" and side == SIDES[-1]:
-                        predicted = forecast_night()  # a machine the store knew nothing of: from this point on
-                        for line in predicted.lines("forecast from the screen's first point") if predicted else []:
-                            self.say(line)
+            def forecast_night() -> forecast.Forecast | None:
+                return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
+                                        allocation)
 
-                predicted = forecast_night()  # from the runs before tonight's
-                foreword = predicted.lines() if predicted else [forecast.unknown(store, machine_key(current))]
-                create("screen")
-                self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
-                         f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
-                         f"store {store.path}")
-                for line in [allocation_line(runnable, allocation, history, plan), *foreword]:
-                    self.say(line)
-                started = time.monotonic()
-                night = Night(plan, self.say, screen_pairs=allocation)
-                try:
-                    night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
-                              lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
-                    if predicted is not None:
-                        self.say(predicted.review(store, self.runs, time.monotonic() - started))
-                    measure_run_peaks(store, machine_key(current), self.runs[("screen", "new")], self.say)
-                except KeyboardInterrupt:
-                    for run_id in self.runs.values():
-                        store.finish_run(run_id, "interrupted")
-                    raise
+            def record(stage: str, side: str, point_record: PointRecord) -> None:
+                nonlocal predicted
+                store.record_point(self.runs[(stage, side)], point_record)
+                if predicted is None and stage == "screen" and side == SIDES[-1]:
+                    predicted = forecast_night()  # a machine the store knew nothing of: from this point on
+                    for line in predicted.lines("forecast from the screen's first point") if predicted else []:
+                        self.say(line)
+
+            predicted = forecast_night()  # from the runs before tonight's
+            foreword = predicted.lines() if predicted else [forecast.unknown(store, machine_key(current))]
+            create("screen")
+            self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
+                     f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
+                     f"store {store.path}")
+            for line in [allocation_line(runnable, allocation, history, plan), *foreword]:
+                self.say(line)
+            started = time.monotonic()
+            night = Night(plan, self.say, screen_pairs=allocation)
+            try:
+                night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
+                          lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
+                if predicted is not None:
+                    self.say(predicted.review(store, self.runs, time.monotonic() - started))
+                measure_run_peaks(store, machine_key(current), self.runs[("screen", "new")], self.say)
+            except KeyboardInterrupt:
                 for run_id in self.runs.values():
-                    store.finish_run(run_id, "complete")
-        return plan, store_path
+                    store.finish_run(run_id, "interrupted")
+                raise
+            for run_id in self.runs.values():
+                store.finish_run(run_id, "complete")
+        return plan
 
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""

@@ -56,46 +56,48 @@ class Sweep:
         self.run_id: str | None = None
 
     def run(self) -> int:
-        suites.load(self.options.suite)  # a bad suite stops here, before the machine or the store is touched
-        with Launcher(self.options.launch) as launcher:
-            return self.measure_suite(launcher)
+        opts = self.options
+        suite = suites.load(opts.suite)  # a bad suite stops here, before the machine or the store is touched
+        if self.export is not None:
+            check_export_path(self.export)
+        output_dir(opts.out_dir, "out")
+        store_path = opts.out_dir / STORE_FILE
+        with MeasurementLock() as lock, Launcher(opts.launch) as launcher:
+            lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
+            return self.measure_suite(launcher, lock, store_path)
 
-    def measure_suite(self, launcher: Launcher) -> int:
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, soft_wrap=True)
+
+    def measure_suite(self, launcher: Launcher, lock: MeasurementLock, store_path: Path) -> int:
+        """The suite measured under the machine's lock, from the probe on: the probe and the server's imports are
+        work on the machine too, and they must not load a measurement that holds the lock."""
         opts = self.options
         machine = self.machine or launcher.probe_machine()
         suite, overrides = opts.suite_on(machine)
-        if self.export is not None:
-            check_export_path(self.export)
         fingerprint = collect(machine, suite.suite_hash, overrides)
         key = machine_key(fingerprint)
-
-        output_dir(opts.out_dir, "out")
-        store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock:
-            lock.acquire(opts.wait, lambda text: self.console.print(text, markup=False, soft_wrap=True),
-                         suite=suite.name, store=str(store_path.resolve()))
-            with Reserve(opts.out_dir) as reserve, Store.open(store_path) as store:
-                run_id, done = self.start_run(store, suite, fingerprint, key)
-                lock.update(run_id=run_id)
-                try:
-                    self.record_skipped(store, run_id, suite, machine, done)
-                    self.run_points(store, run_id, suite, machine, done, launcher)
-                    measure_run_peaks(store, key, run_id, lambda text: self.console.print(text, markup=False,
-                                                                                          soft_wrap=True))
-                except KeyboardInterrupt:
-                    store.finish_run(run_id, "interrupted")
-                    stored = len(store.finished_point_keys(run_id))
-                    self.console.print(f"interrupted: {stored} of {len(suite.points)} points are stored; "
-                                       f"`{self.resume_command()}` continues")
+        with Reserve(opts.out_dir) as reserve, Store.open(store_path) as store:
+            run_id, done = self.start_run(store, suite, fingerprint, key)
+            lock.update(run_id=run_id)
+            try:
+                self.record_skipped(store, run_id, suite, machine, done)
+                self.run_points(store, run_id, suite, machine, done, launcher)
+                measure_run_peaks(store, key, run_id, self.say)
+            except KeyboardInterrupt:
+                store.finish_run(run_id, "interrupted")
+                stored = len(store.finished_point_keys(run_id))
+                self.console.print(f"interrupted: {stored} of {len(suite.points)} points are stored; "
+                                   f"`{self.resume_command()}` continues")
+                raise
+            except (MachineFault, OSError, sqlite3.OperationalError) as exc:
+                if not isinstance(exc, MachineFault) and not is_machine_fault(exc):
                     raise
-                except (MachineFault, OSError, sqlite3.OperationalError) as exc:
-                    if not isinstance(exc, MachineFault) and not is_machine_fault(exc):
-                        raise
-                    raise self.interrupted_by_fault(store, run_id, suite, reserve, exc) from None
-                store.finish_run(run_id, "complete")
-                failed = self.print_summary(store, run_id, suite)
-                if self.export is not None:
-                    self.console.print(f"exported {store.export(run_id, self.export)}")
+                raise self.interrupted_by_fault(store, run_id, suite, reserve, exc) from None
+            store.finish_run(run_id, "complete")
+            failed = self.print_summary(store, run_id, suite)
+            if self.export is not None:
+                self.console.print(f"exported {store.export(run_id, self.export)}")
         self.store_path, self.run_id = store_path, run_id
         return 1 if failed else 0
 

@@ -18,6 +18,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rlperf.store import Store
@@ -397,6 +398,8 @@ def test_a_second_bench_waits_for_the_first_or_is_refused(stored, lock, tmp_path
         bench = start("bench", "--suite", str(suite), "--out", str(out), lock=lock)
         assert "run 20260101T000000-nightly-abcdef" in bench.stdout.readline()
         assert not (out / "results.sqlite").exists()  # the store is opened only once the lock is held
+        # nor has it started its machine probe or its fork server, whose imports would load the measurement
+        assert psutil.Process(bench.pid).children() == []
     stdout, stderr = bench.communicate(timeout=200)
     assert bench.returncode == 0, stdout + stderr
 
