@@ -221,14 +221,15 @@ def test_async_copies_give_the_transitions_sync_copies_give():
 def test_async_copies_fork_only_while_no_other_thread_of_the_trainer_runs(monkeypatch):
     """gymnasium forks async copies' subprocesses as it builds them, and the trainer builds its groups beside its
     own start-up work (`meanwhile`, which imports). A fork beside another thread can leave the child waiting
-    forever on a lock that thread held; each of the four forks here must find only the threads that were there
-    before the groups were built, and `meanwhile` not running."""
+    forever on a lock that thread held; each of the four forks here must find no thread started since the groups'
+    building began, and `meanwhile` not running."""
     forks = []
     importing = threading.Event()
     real_fork = os.fork
 
     def fork():
-        forks.append((threading.active_count(), importing.is_set()))
+        started = [thread.name for thread in threading.enumerate() if thread.ident not in threads_before]
+        forks.append((started, importing.is_set()))
         return real_fork()
 
     def meanwhile():
@@ -239,10 +240,10 @@ def test_async_copies_fork_only_while_no_other_thread_of_the_trainer_runs(monkey
     monkeypatch.setattr(os, "fork", fork)
     cfg = validate(TrainConfig(env=f"gym:{countdown(AutoresetMode.SAME_STEP)}", vectorization="async", num_envs=4,
                                env_groups=2, horizon=4, minibatch_size=4))
-    threads_before = threading.active_count()
+    threads_before = {thread.ident for thread in threading.enumerate()}
     groups = make_env_groups(cfg, 4, 0, None, meanwhile)
     try:
-        assert forks == [(threads_before, False)] * 4
+        assert forks == [([], False)] * 4
         assert [obs.shape for obs in groups.first_obs] == [(2, 2), (2, 2)]
     finally:
         for env in groups.envs:
