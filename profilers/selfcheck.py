@@ -12,12 +12,21 @@ import argparse
 
 from profilers.interference import InterferenceMonitor
 from reference_trainer import selfcheck
-from reference_trainer.config import TrainConfig
+from reference_trainer.config import MAX_INJECT_DELAY_MS, TrainConfig
+from rlperf.arguments import number_in
+
+
+def at_least_4_epochs(text: str) -> int:
+    if not text.isdigit() or int(text) < 4:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 4 or more: two warm-up epochs and a median "
+                                         f"of steady ones (got {text!r})")
+    return int(text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--delay-ms", type=float, default=40.0, help="delay injected per epoch (default 40)")
-    parser.add_argument("--epochs", type=int, default=12, help="epochs per run (default 12)")
+    parser.add_argument("--delay-ms", type=number_in(0, MAX_INJECT_DELAY_MS, low_included=False), default=40.0,
+                        help="delay injected per epoch (default 40)")
+    parser.add_argument("--epochs", type=at_least_4_epochs, default=12, help="epochs per run (default 12)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
 
@@ -36,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from reference_trainer.train import train
-    from rlperf.errors import BadInput
 
-    if args.delay_ms <= 0 or args.epochs < 4:
-        raise BadInput("--delay-ms must be positive and --epochs at least 4")
     uuids = gpu_uuids(args.device)
     accounts: dict[str, dict] = {}
 

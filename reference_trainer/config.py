@@ -23,6 +23,8 @@ ENCODERS = ("mlp", "cnn")
 OBS_DTYPES = ("float32", "uint8")
 # (kernel, stride) of the CNN encoder's convolutions: the usual Atari encoder
 CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
+# A delay is a sleep once an epoch that a phase must absorb; a minute of it is already no measurement.
+MAX_INJECT_DELAY_MS = 60_000.0
 
 
 # The roles a field can play beyond configuring the run, each read by the tools that need it.
@@ -284,6 +286,11 @@ def cnn_refusal(shape: tuple[int, ...]) -> str | None:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Every rule about settings lives here; returns the config unchanged when it is valid."""
+    # NaN passes every comparison below unnoticed, and an infinite rate, coefficient or time trains nothing
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f.name, f"must be a finite number (got {value})")
     if cfg.env not in BUILTIN_ENVS and not re.fullmatch(r"gym:\S+", cfg.env):
         raise ConfigError("env", f"unknown environment {cfg.env!r} (allowed: {', '.join(BUILTIN_ENVS)}, gym:<id>)")
     _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
@@ -294,8 +301,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
             raise ConfigError(name, f"must be between 0 and 1 (got {getattr(cfg, name)})")
-    if cfg.target_return is not None and not math.isfinite(cfg.target_return):
-        raise ConfigError("target_return", f"must be a finite number (got {cfg.target_return})")
     _positive(cfg, "target_window")
     if cfg.target_return is None and cfg.target_window != TrainConfig.target_window:
         raise ConfigError("target_window", "applies to runs with a target_return only (none is set)")
@@ -393,8 +398,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for phase, ms in cfg.inject_delay.items():
         if phase not in PHASES:
             raise ConfigError("inject_delay", f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})")
-        if ms < 0:
-            raise ConfigError("inject_delay", f"{phase}: milliseconds must be zero or more (got {ms})")
+        if not 0 <= ms <= MAX_INJECT_DELAY_MS:
+            raise ConfigError("inject_delay", f"{phase}: milliseconds must be from 0 to {MAX_INJECT_DELAY_MS:g} "
+                                              f"(got {ms})")
     if cfg.warmup_epochs >= cfg.num_epochs:
         raise ConfigError(
             "warmup_epochs",

@@ -34,7 +34,8 @@ def non_negative_int(text: str) -> int:
 
 
 def number_in(low: float, high: float, low_included: bool) -> Callable[[str], float]:
-    """An argparse type for a number in [low, high] (or (low, high]); one message for every value outside."""
+    """An argparse type for a finite number in [low, high] (or (low, high]); one message for every value
+    outside."""
     allowed = f"{'from' if low_included else 'above'} {low:g}"
     if math.isfinite(high):
         allowed += f" {'to' if low_included else 'and at most'} {high:g}"
@@ -44,7 +45,7 @@ def number_in(low: float, high: float, low_included: bool) -> Callable[[str], fl
             value = float(text)
         except ValueError:
             value = math.nan
-        if not (low <= value <= high) or (value == low and not low_included):
+        if not (math.isfinite(value) and low <= value <= high) or (value == low and not low_included):
             raise argparse.ArgumentTypeError(f"must be a number {allowed} (got {text!r})")
         return value
 

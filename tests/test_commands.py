@@ -41,6 +41,18 @@ def test_threshold_and_alpha_are_one_definition_refused_alike_everywhere(command
             assert actions[seconds].type is timeout_seconds and actions["timeout"].type is timeout_seconds
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e999"])
+def test_no_number_flag_takes_an_infinite_or_undefined_value(text, capsys):
+    # NaN compares false with every bound, and an infinite timeout or rate reaches time.sleep and int()
+    for command, flag in (("collectives", "--rank-timeout"), ("bench", "--timeout"), ("gate", "--night-s"),
+                          ("profile", "--sample-hz"), ("selfcheck", "--delay-ms")):
+        with pytest.raises(SystemExit) as refused:
+            parser_of(command).parse_args([*REQUIRED.get(command, []), f"{flag}={text}"])
+        assert refused.value.code == 2
+        said = capsys.readouterr().err
+        assert said.startswith(f"rlperf {command}: error: argument {flag}: must be a number ") and said.count("\n") == 1
+
+
 @pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
 def test_every_commands_help_renders(command):
     # argparse expands % in help texts: a bare percent sign breaks --help

@@ -72,10 +72,12 @@ def test_a_short_share_beside_a_cpu_hog_says_contended_and_why(monkeypatch, caps
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--epochs", "3"], "--epochs at least 4"),
-    (["--delay-ms", "0"], "--delay-ms must be positive"),
-    (["--delay-ms", "-5"], "--delay-ms must be positive"),
-    (["--epochs", "many"], "--epochs: invalid int value"),
+    (["--epochs", "3"], "--epochs: must be a whole number of 4 or more"),
+    (["--delay-ms", "0"], "--delay-ms: must be a number above 0 and at most 60000"),
+    (["--delay-ms", "-5"], "--delay-ms: must be a number above 0"),
+    (["--delay-ms", "nan"], "--delay-ms: must be a number above 0"),
+    (["--delay-ms", "inf"], "--delay-ms: must be a number above 0"),
+    (["--epochs", "many"], "--epochs: must be a whole number of 4 or more"),
 ])
 def test_refusals_are_one_line_and_exit_2(args, needle, capsys):
     assert exit_code(["selfcheck", *args]) == 2

@@ -265,6 +265,12 @@ def test_gymnasium_vector_env_trains():
         ({"num_envs": 64, "world_size": 2, "env_groups": 3}, "env_groups"),
         ({"env_groups": 0}, "env_groups"),
         ({"inject_delay": {"nap": 1}}, "inject_delay"),
+        ({"inject_delay": {"learn": float("nan")}}, "inject_delay"),
+        ({"inject_delay": {"learn": 1e300}}, "inject_delay"),
+        ({"learning_rate": float("nan")}, "learning_rate"),
+        ({"gamma": float("nan")}, "gamma"),
+        ({"clip_coef": float("inf")}, "clip_coef"),
+        ({"rank_timeout": float("inf")}, "rank_timeout"),
         ({"num_envs": "many"}, "num_envs"),
         ({"colour": "red"}, "colour"),
     ],
@@ -286,6 +292,9 @@ def test_bad_settings_name_their_field(values, field):
         (["--inject-delay", "learn"], "inject_delay: expected PHASE=MS"),
         (["--num-envs", "lots"], "--num-envs: invalid int value"),
         (["--steady-seconds", "-1"], "steady_seconds: must be zero or more (got -1.0)"),
+        (["--learning-rate", "nan"], "learning_rate: must be a finite number (got nan)"),
+        (["--max-grad-norm", "inf"], "max_grad_norm: must be a finite number (got inf)"),
+        (["--inject-delay", "env=inf"], "inject_delay: env: milliseconds must be from 0 to 60000 (got inf)"),
     ],
 )
 def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
