@@ -30,6 +30,7 @@ from statistics import median
 from typing import Any, Callable
 
 from rlperf.arguments import positive_float, positive_int
+from rlperf.cpus import cpu_ranks_refusal
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput
 from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks,
@@ -194,6 +195,9 @@ def run_launcher(args: argparse.Namespace) -> int:
     backend = args.backend or ("nccl" if machine.gpus and machine.nccl else "gloo")
     world_size = args.world_size or (len(machine.gpus) if backend == "nccl" else 2)
     check_backend(backend, world_size, world_size, len(machine.gpus), machine.nccl is not None)
+    refusal = cpu_ranks_refusal(world_size) if backend == "gloo" else None
+    if refusal:
+        raise BadInput(f"world_size: {refusal}")
     settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                         args.rank_timeout)
     console = default_console()

@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from reference_trainer.config import TrainConfig
-from rlperf.cpus import usable_cores
+from rlperf.cpus import cpu_ranks_refusal, usable_cores
 from rlperf.errors import BadInput
 from rlperf.processes import Heartbeat, RankFailed, launch_ranks, rank_gpu
 
@@ -73,6 +73,10 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
 
 def launch(cfg: TrainConfig, save_policy: str) -> dict:
     """Starts one process per rank on this machine, watches them, and returns rank 0's summary."""
+    refusal = None if cfg.is_cuda else cpu_ranks_refusal(cfg.world_size)  # CUDA ranks: one GPU each, checked
+    if refusal:
+        raise BadInput(f"world_size: {refusal}")
+
     def command_for(rank: int, directory: Path) -> list[str]:
         args = [sys.executable, "-m", "rlperf", "train", *cfg.to_args(), "--quiet"]
         if rank == 0:

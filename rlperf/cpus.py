@@ -30,3 +30,13 @@ def cgroup_quota(path: Path = CGROUP_V2_QUOTA) -> float | None:
     except (OSError, ValueError):
         return None
     return None if limit == "max" else int(limit) / int(period)
+
+
+def cpu_ranks_refusal(world_size: int) -> str | None:
+    """Why `world_size` CPU ranks cannot all be started on this machine, or None when they can. Like mpirun
+    without --oversubscribe: ranks beyond the cores time the scheduler, and each is a torch process of about
+    320 MiB, so thousands of them exhaust the memory before any of them measures."""
+    cores = usable_cores()
+    if world_size <= cores:
+        return None
+    return f"{world_size} CPU ranks would share the {cores} cores this process may use (allowed: 1 to {cores})"

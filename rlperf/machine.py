@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from rlperf.cpus import cpu_ranks_refusal
 from rlperf.errors import BadInput, MachineFault
 from rlperf.forkserver import ForkServer, forkable
 from rlperf.torch_api import supported_torch
@@ -71,7 +72,7 @@ class Machine:
     def skip_reason(self, config: dict[str, Any]) -> str | None:
         """Why a point cannot run here, or None when it can."""
         if not config["device"].startswith("cuda"):
-            return None
+            return cpu_ranks_refusal(config["world_size"])
         if not self.gpus:
             built = f"torch {self.torch} built with CUDA {self.cuda}" if self.cuda else f"torch {self.torch} (CPU build)"
             return f"device={config['device']} needs a CUDA GPU; none is visible ({built})"

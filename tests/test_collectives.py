@@ -102,6 +102,8 @@ def test_the_table_and_the_report_show_the_run(two_rank_store, tmp_path):
     (["--warmup", "-1"], "argument --warmup: must be a whole number of 0 or more"),
     (["--backend", "mpi"], "argument --backend: invalid choice"),
     (["--world-size", "two"], "argument --world-size"),
+    # each rank a torch process: tens of thousands of them would take the machine down before one measured
+    (["--backend", "gloo", "--world-size", "99999"], "world_size: 99999 CPU ranks would share the"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     proc = run([*COLLECTIVES, *args, "--store", str(tmp_path / "results.sqlite")])

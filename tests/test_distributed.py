@@ -19,6 +19,7 @@ from reference_trainer import distributed
 from reference_trainer.config import from_dict
 from reference_trainer.policy import Policy
 from rlperf import processes
+from rlperf.machine import probe
 from rlperf.processes import RANK_DIR_ENV, Heartbeat, heartbeat_path
 
 TRAIN = [sys.executable, "-m", "rlperf", "train", "--quiet"]
@@ -96,6 +97,17 @@ def start_long_run(*extra: str) -> tuple[subprocess.Popen, psutil.Process]:
     except BaseException:
         launcher.kill()
         raise
+
+
+def test_more_cpu_ranks_than_cores_are_refused_before_any_starts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--world-size", "99999", "--num-envs", "99999",
+                           "--horizon", "1", "--minibatch-size", "99999", "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "world_size: 99999 CPU ranks would share the" in proc.stderr
+    # a suite's point asking for them is skipped, with the reason, rather than failed
+    assert "99999 CPU ranks" in probe().skip_reason({"device": "cpu", "world_size": 99999, "dtype": "fp32"})
+    assert probe().skip_reason({"device": "cpu", "world_size": 1, "dtype": "fp32"}) is None
 
 
 def test_a_killed_rank_fails_the_run_in_time_and_is_named():
