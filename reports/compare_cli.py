@@ -29,6 +29,8 @@ def parse_sides(entries: list[str], field: str) -> dict[str, str]:
         side, sep, value = entry.partition("=")
         if side not in SIDES or not sep or not value.strip():
             raise BadInput(f"{field}: expected A=VALUE or B=VALUE (got {entry!r})")
+        if side in values:
+            raise BadInput(f"{field}: {side} is given twice ({side}={values[side]} and {entry}); give each side once")
         values[side] = value
     return values
 

@@ -381,6 +381,9 @@ def test_compare_two_machines_with_prices(store, summary, measured_peaks, tmp_pa
     assert HOSTILE not in (out / "report.html").read_text()
     assert main(["compare", str(path), str(gpu_store), "--price", "A=free", "--out", str(out)]) == 2
     one_line_error(capsys, "price")
+    # a side priced twice is a mistake in the command, not a choice of the last value
+    assert main(["compare", str(path), str(gpu_store), "--price", "A=1", "--price", "A=2", "--out", str(out)]) == 2
+    one_line_error(capsys, "price")
 
 
 def test_history_marks_the_run_that_regressed(summary, tmp_path):
