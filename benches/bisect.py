@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -49,7 +48,7 @@ from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
 from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process_options, add_threshold
-from rlperf.errors import BadInput, output_dir
+from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
@@ -267,9 +266,7 @@ class Bisect:
                            f"({changed[0].strip()}, ...); commit or set them aside first: the suite and the "
                            "harness are read from it, and the search must be repeatable")
         if self.json_path is not None:
-            if self.json_path.is_dir():
-                raise BadInput(f"json: {self.json_path} is a directory; name a file")
-            output_dir(self.json_path.parent, "json")
+            output_file(self.json_path, "json")
         return suite, point, good, bad, commits_between(good.sha, bad.sha)
 
     def run(self) -> int:
@@ -366,9 +363,8 @@ class Bisect:
         if path is None:
             return
         self.record["steps"] = [asdict(step) for step in self.steps]
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
-        os.replace(partial, path)
+        with written_whole(path) as partial:
+            partial.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
 
 
 class Measure:

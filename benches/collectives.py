@@ -32,7 +32,7 @@ from typing import Any, Callable
 from rlperf.arguments import positive_float, positive_int
 from rlperf.cpus import cpu_ranks_refusal
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, written_whole
 from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks,
                               rank_gpu)
 
@@ -249,9 +249,8 @@ def run_launched_rank(args: argparse.Namespace) -> int:
     result = measure(settings, Heartbeat.of_this_rank(), backstop)
     if result is not None:
         directory = Path(os.environ[RANK_DIR_ENV])
-        partial = directory / f"{RESULT_FILE}.partial"
-        partial.write_text(json.dumps(result))
-        partial.rename(directory / RESULT_FILE)
+        with written_whole(directory / RESULT_FILE) as partial:
+            partial.write_text(json.dumps(result))
     return 0
 
 

@@ -34,7 +34,7 @@ from decisions import screening as rules
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_label, add_max_repeats, add_process_options, add_threshold,
                               non_negative_int, positive_int, timeout_seconds)
-from rlperf.errors import BadInput, output_dir
+from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
@@ -69,9 +69,7 @@ class Gate:
         if self.screen_pairs < 2:
             raise BadInput(f"screen-pairs: at least 2 pairs a point (got {self.screen_pairs})")
         if self.summary is not None:
-            if self.summary.is_dir():
-                raise BadInput(f"summary: {self.summary} is a directory; name a file")
-            output_dir(self.summary.parent, "summary")
+            output_file(self.summary, "summary")
         suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
         commit = resolve_commit(self.baseline, "baseline")
         output_dir(opts.out_dir, "out")
@@ -199,9 +197,8 @@ def allocation_line(points: list[suites.Point], allocation: dict[str, int], hist
 
 
 def write_summary(path: Path, content: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
-    partial.replace(path)
+    with written_whole(path) as partial:
+        partial.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
 
 
 # ---- command line -----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlperf.errors import written_whole
 from rlperf.layout import STORE_FILE
 
 SUITE = "nightly"
@@ -185,9 +186,8 @@ def promote(args: argparse.Namespace) -> int:
         return 0
     commit = resolve_commit(args.commit, "commit")
     data.mkdir(parents=True, exist_ok=True)
-    partial = data / f"{BASELINE_FILE}.partial"
-    partial.write_text(commit + "\n")
-    partial.replace(data / BASELINE_FILE)
+    with written_whole(data / BASELINE_FILE) as partial:
+        partial.write_text(commit + "\n")
     line = f"Baseline of this machine: {old or 'none'} -> {commit}\n"
     print(line, end="")
     append("GITHUB_STEP_SUMMARY", line)

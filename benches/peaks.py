@@ -59,7 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlperf.errors import output_dir
+    from rlperf.errors import output_file, written_whole
     from rlperf.machine import collect, machine_key, probe
     from rlperf.store import Store
     from rlperf.terminal import default_console
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if device != "cpu" and args.threads:
         raise BadInput("threads: applies to device=cpu only (a GPU's peaks do not depend on host threads)")
     if args.json:
-        output_dir(args.json.parent, "json")
+        output_file(args.json, "json")
     index = int(device.partition(":")[2] or 0)
     device_name = "cpu" if device == "cpu" else machine.gpus[index]["name"]
     threads = args.threads or (default_threads() if device == "cpu" else 0)
@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         if store is not None:
             store.add_peaks(key, rows)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        with written_whole(args.json) as partial:
+            partial.write_text(json.dumps(rows, indent=1))
     show(console, rows, device_name, threads, key, args.store)
     if account["contended"]:
         console.print("warning" + busy_note(account, args.store), markup=False, soft_wrap=True)

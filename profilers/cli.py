@@ -19,7 +19,7 @@ from reference_trainer.cli import configure as configure_train
 from reference_trainer.config import TrainConfig
 from rlperf.arguments import MAX_SAMPLE_HZ, number_in, positive_int
 from profilers.profile_run import DEFAULT_SAMPLE_HZ
-from rlperf.errors import BadInput, fault, output_dir
+from rlperf.errors import BadInput, output_dir, output_file, written_whole
 
 TRACE_NAME = "trace.json.gz"  # the file name the trainer gives its trace
 
@@ -48,9 +48,9 @@ def _checked_config(args: argparse.Namespace) -> TrainConfig:
         raise BadInput(f"out: {out} exists and is not a directory; name a directory")
     if (out / TRACE_NAME).exists():
         raise BadInput(f"out: {out} already holds a profile; choose an empty or new directory")
-    output_dir(out, "out")
     if args.json:
-        output_dir(Path(args.json).parent, "json")
+        output_file(args.json, "json")
+    output_dir(out, "out")
     return cfg
 
 
@@ -73,10 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 pass
         return result.returncode
     if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(result.profile, indent=1))
-        except OSError as exc:
-            raise fault(args.json, exc) from None
+        with written_whole(args.json) as partial:
+            partial.write_text(json.dumps(result.profile, indent=1))
     if not args.quiet:
         from profilers.render import print_profile
 

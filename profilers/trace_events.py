@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, written_whole
 
 # Kineto categories of device activity, and of the host calls that feed the device
 GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -31,11 +30,8 @@ def load(path: str | Path) -> dict:
 
 def save(trace: dict, path: str | Path) -> None:
     """Writes gzip'd JSON through a temporary file, so a reader never sees half a trace."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    with gzip.open(partial, "wt", compresslevel=6) as f:
+    with written_whole(path) as partial, gzip.open(partial, "wt", compresslevel=6) as f:
         json.dump(trace, f, separators=(",", ":"))
-    os.replace(partial, path)
 
 
 def complete_events(trace: dict, category: str | tuple[str, ...]) -> list[dict]:

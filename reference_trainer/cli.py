@@ -7,10 +7,10 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 
 from reference_trainer.config import FIELD_TYPES, PHASES, TrainConfig, field_help, from_dict, parse_delay
 from reference_trainer.progress import run_with_progress
+from rlperf.errors import output_file, written_whole
 
 
 def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> None:
@@ -47,6 +47,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    for path, field in ((args.json, "json"), (args.save_policy, "save_policy")):
+        if path:  # checked before the run: a refusal at its end would throw the run away
+            output_file(path, field)
     if cfg.world_size > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's ranks must agree
         from reference_trainer.distributed import RankFailed, launch_or_join
 
@@ -60,9 +63,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = run_with_progress(cfg, args.quiet, save_policy=args.save_policy)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=1))
+        with written_whole(args.json) as partial:
+            partial.write_text(json.dumps(summary, indent=1))
     if not args.quiet:
         print_summary(summary)
     return 0

@@ -34,6 +34,7 @@ from reference_trainer.timing import PhaseTimer, SetupClock
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
 from reference_trainer.work import count_work
 from rlperf.cpus import usable_cores
+from rlperf.errors import written_whole
 from rlperf.torch_api import supported_torch
 
 
@@ -345,7 +346,9 @@ class Trainer:
         if self.profiler is not None:
             self.profiler.stop()
         if save_policy and self.rank.rank == 0:
-            torch.save(self.policy.state_dict(), save_policy)
+            # through a Python file, so that a write the disk refuses is an OSError rather than torch's RuntimeError
+            with written_whole(save_policy) as partial, open(partial, "wb") as file:
+                torch.save(self.policy.state_dict(), file)
         wall = time.perf_counter() - self.process_start
         for stepper in self.steppers:
             stepper.close()

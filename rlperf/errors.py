@@ -1,12 +1,14 @@
 """The two kinds of error a command ends with in one line: bad input (exit 2) and a fault of the machine
-(exit 1), and the checks of output paths that raise them."""
+(exit 1), the checks of output paths that raise them, and the one way an output file is written: whole."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -62,3 +64,31 @@ def output_dir(path: str | os.PathLike, field: str) -> Path:
         cause = f"{field}: {path}: {exc.strerror or exc}"
         raise (MachineFault(cause) if is_machine_fault(exc) else BadInput(cause)) from None
     return path
+
+
+def output_file(path: str | os.PathLike, field: str) -> Path:
+    """Checks, before any work is done, that a file can be written at `path`: a directory there is bad input, a
+    directory that cannot be written is a fault (output_dir)."""
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{field}: {path} is a directory; name a file")
+    output_dir(path.parent, field)
+    return path
+
+
+@contextlib.contextmanager
+def written_whole(path: str | os.PathLike) -> Iterator[Path]:
+    """A partial file beside `path` for the block to write, which replaces `path` only when the block ends
+    without error: a reader, or a disk that fills meanwhile, never leaves half a file at `path`. A write the
+    machine refuses is a MachineFault naming `path`."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        yield partial
+        os.replace(partial, path)
+    except OSError as exc:
+        if not is_machine_fault(exc):
+            raise
+        raise MachineFault(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)

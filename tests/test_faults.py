@@ -284,6 +284,17 @@ def test_a_report_on_a_full_disk_leaves_nothing_behind(stored, lock, tmp_path):
         assert not (full / "report").exists()
 
 
+def test_a_trainers_outputs_on_a_full_disk_are_one_line_and_leave_no_half_file(lock, tmp_path):
+    with tmpfs(tmp_path / "full", "1m") as full:
+        fill(full)
+        for flag, name in (("--json", "summary.json"), ("--save-policy", "policy.pt")):
+            line = one_line(rlperf("train", *TINY_TRAIN, "--quiet", flag, str(full / name), lock=lock), 1)
+            assert f"{full / name}: No space left on device" in line
+        assert sorted(path.name for path in full.iterdir()) == ["filler"]
+    line = one_line(rlperf("train", *TINY_TRAIN, "--quiet", "--save-policy", str(tmp_path), lock=lock), 2)
+    assert f"save_policy: {tmp_path} is a directory; name a file" in line
+
+
 def points_stored(store: Path) -> int:
     if not store.exists():
         return 0
