@@ -191,7 +191,7 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
     decision = confirmation.decision
     budget = "stopped at the time budget" in confirmation.reason
     if verdict.status == rules.UNMEASURED:
-        return "confirmation short of its first look at the budget" if budget else f"could not measure"
+        return "confirmation short of its first look at the budget" if budget else "could not measure"
     if decision.status == "inconclusive":
         return "confirmation inconclusive at the time budget" if budget else "confirmation inconclusive at its most pairs"
     return f"confirmation stopped as {decision.status}"
