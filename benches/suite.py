@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ from reference_trainer.config import FIELD_TYPES, PROFILER, ConfigError, coerce,
 from rlperf.errors import BadInput
 
 SUITES_DIR = Path(__file__).parent / "suites"
+# Points before exclusions: checking each costs tens of microseconds and measuring each minutes, so a suite
+# whose axes multiply past this is a mistake to refuse at once, not a sweep to start (the largest shipped suite,
+# the nightly, has 19).
+MAX_POINTS = 10_000
 # A traced run pays the profiler's overhead, so it is never a measurement: tracing belongs to `rlperf profile`.
 SETTINGS = tuple(name for name in FIELD_TYPES if name not in fields_with(PROFILER))
 TOP_LEVEL = {
@@ -159,6 +164,10 @@ class SuiteReader:
                 raise self.fail(name, f"is swept as an axis here, so it cannot be overridden (to {value!r})")
         fixed.update(overrides)
         excludes = self.exclude_rules(axis_names)
+        products = [math.prod(len(values) for values in block.values()) for block in blocks]
+        if sum(products) > MAX_POINTS:
+            by_block = f", {' + '.join(f'{n:,}' for n in products)} by [[sweep]] block" if len(products) > 1 else ""
+            raise self.fail("axes", f"cross into {sum(products):,} points{by_block} (allowed: at most {MAX_POINTS:,})")
 
         points: dict[str, Point] = {}
         for block in blocks:

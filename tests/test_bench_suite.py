@@ -104,6 +104,11 @@ def test_device_override_changes_the_points_and_the_suite_hash():
     ("[fixed]\nlstm = true\n[axes]\nlstm = [true, false]", r"fixed\.lstm: is also swept as an axis"),
     ("[axes]\nlstm = [true]\n[[exclude]]\ndtype = \"bf16\"", r"exclude\[0\]\.dtype: is not an axis of this suite"),
     ("[axes]\nlstm = [true]\n[[exclude]]\nlstm = true", r"suite\.toml: exclude: removes every point"),
+    ("[fixed]\nlearning_rate = nan", r"point \[default\]: learning_rate: must be a finite number \(got nan\)"),
+    # refused before 4 million points are checked one by one
+    ("[axes]\nseed = [" + ", ".join(map(str, range(1, 2001))) + "]\nhidden_size = ["
+     + ", ".join(map(str, range(1, 2001))) + "]",
+     r"suite\.toml: axes: cross into 4,000,000 points \(allowed: at most 10,000\)"),
 ])
 def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, message):
     with pytest.raises(BadInput, match=message):
