@@ -16,7 +16,9 @@ def run_with_progress(cfg: TrainConfig, quiet: bool, rank=None, save_policy: str
         return train(cfg, rank, save_policy=save_policy)
     columns = (TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                TextColumn("{task.fields[sps]:>9} SPS  return {task.fields[ret]}"))
-    with Progress(*columns, transient=True, console=Console(stderr=True)) as progress:
+    console = Console(stderr=True)
+    # A bar that only a terminal redraws: into a pipe or a log it would leave a blank line, and no progress
+    with Progress(*columns, transient=True, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task("train", total=cfg.num_epochs, sps="-", ret="-")
 
         def on_epoch(record: dict) -> None:

@@ -306,6 +306,15 @@ def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_a_refusal_found_while_the_envs_are_built_is_one_line_into_a_pipe():
+    # found inside the run, after its progress bar started: the bar must leave nothing in a log
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--env", "gym:CartPole-v1", "--encoder", "cnn",
+                           "--total-steps", "8192"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("rlperf train: error: encoder: cnn needs image observations")
+    assert proc.stderr.count("\n") == 1, repr(proc.stderr)
+
+
 def test_flags_name_only_changed_settings_and_round_trip_through_the_parser():
     import argparse
 
