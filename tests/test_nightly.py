@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,11 @@ def test_tonight_is_the_run_made_since_the_mark_never_an_older_one(night):
     store = str(data / "results.sqlite")
     found = rlperf("runs", store, "--latest", "nightly", "--since", mark)
     assert found.returncode == 0 and found.stdout.strip() == run_id
+    # compared as times, not as text: the mark's own moment written one hour east of UTC
+    east = datetime.fromisoformat(mark).astimezone(timezone(timedelta(hours=1))).isoformat()
+    assert rlperf("runs", store, "--latest", "nightly", "--since", east).stdout.strip() == run_id
+    bad = rlperf("runs", store, "--latest", "nightly", "--since", "yesterday")
+    assert bad.returncode == 2 and "argument --since: must be an ISO 8601 time" in bad.stderr
     time.sleep(1.1)  # the store's clock has one-second resolution
     none = rlperf("runs", store, "--latest", "nightly", "--since", utc_now())
     assert none.returncode == 2 and none.stdout == "" and run_id not in none.stderr
