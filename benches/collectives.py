@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
-from rlperf.arguments import positive_float, positive_int
+from rlperf.arguments import add_label, positive_float, positive_int
 from rlperf.cpus import cpu_ranks_refusal
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput, written_whole
@@ -161,7 +161,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "must exceed the slowest single collective")
     parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
                         help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
-    parser.add_argument("--label", help="a note stored with the run (default: none)")
+    add_label(parser, "none")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 
 from rlperf.forkserver import LAUNCHES
@@ -61,13 +62,17 @@ def device_choice(text: str) -> str:
     return text
 
 
-def utf8_text(text: str) -> str:
+def label_text(text: str) -> str:
+    """A note stored with a run and printed in tables and reports: UTF-8 text on one line."""
     # Bytes that are not UTF-8 reach argv as surrogate escapes, which SQLite cannot store.
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError(f"must be UTF-8 text (got {text.encode('utf-8', 'surrogateescape')!r})") \
             from None
+    # A newline splits a table's row and a report's line; an escape sequence would drive the reader's terminal.
+    if any(unicodedata.category(char) == "Cc" for char in text):
+        raise argparse.ArgumentTypeError(f"must be one line of text without control characters (got {text!r})")
     return text
 
 
@@ -119,7 +124,7 @@ def add_no_wait(parser: argparse.ArgumentParser) -> None:
 
 
 def add_label(parser: argparse.ArgumentParser, default_text: str) -> None:
-    parser.add_argument("--label", type=utf8_text,
+    parser.add_argument("--label", type=label_text,
                         help=f"a note stored with the runs, e.g. the change being measured (default: {default_text})")
 
 

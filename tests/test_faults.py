@@ -219,6 +219,12 @@ def test_a_label_that_is_not_utf8_is_refused_and_the_store_keeps_its_bytes(store
                           env={**os.environ, "RLPERF_LOCK": str(lock)})
     assert "argument --label: must be UTF-8 text" in one_line(done, 2)
     assert digest(store) == before
+    for label in ("night\nof 28", "\x1b[2Jcleared"):
+        refused = rlperf("bench", "--suite", str(suite), "--out", str(store.parent), "--label", label, lock=lock)
+        assert "argument --label: must be one line of text without control characters" in one_line(refused, 2)
+    collectives = rlperf("collectives", "--label", b"\xff\xfe", "--store", str(store), lock=lock)
+    assert "argument --label: must be UTF-8 text" in one_line(collectives, 2)
+    assert digest(store) == before
 
 
 @pytest.mark.parametrize("args, message", [
