@@ -10,7 +10,7 @@ import sys
 
 from reference_trainer.config import FIELD_TYPES, PHASES, TrainConfig, field_help, from_dict, parse_delay
 from reference_trainer.progress import run_with_progress
-from rlperf.errors import output_file, written_whole
+from rlperf.errors import MachineFault, output_file, written_whole
 
 
 def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> None:
@@ -50,24 +50,46 @@ def run(args: argparse.Namespace) -> int:
     for path, field in ((args.json, "json"), (args.save_policy, "save_policy")):
         if path:  # checked before the run: a refusal at its end would throw the run away
             output_file(path, field)
-    if cfg.world_size > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's ranks must agree
-        from reference_trainer.distributed import RankFailed, launch_or_join
-
-        try:
-            summary = launch_or_join(cfg, args.quiet, args.save_policy)
-        except RankFailed as failure:  # the run failed, not its input: exit 1
-            sys.stderr.write(f"rlperf train: error: {failure}\n")
-            return 1
-        if summary is None:  # a non-zero rank: rank 0 reports
-            return 0
-    else:
-        summary = run_with_progress(cfg, args.quiet, save_policy=args.save_policy)
+    try:
+        summary = trained(cfg, args)
+    except RuntimeError as exc:
+        shortage = out_of_memory(exc)
+        if shortage is None:
+            raise
+        raise MachineFault(f"out of memory: {shortage} (the sizes num_envs, horizon, hidden_size, num_actions "
+                           f"and obs_shape set how much the run needs)") from None
+    if summary is None:  # a non-zero rank: rank 0 reports
+        return 0
     if args.json:
         with written_whole(args.json) as partial:
             partial.write_text(json.dumps(summary, indent=1))
     if not args.quiet:
         print_summary(summary)
     return 0
+
+
+def out_of_memory(exc: RuntimeError) -> str | None:
+    """What an allocation the device could not make asked for, in one line; None for any other error."""
+    import torch
+
+    text = str(exc)
+    if "DefaultCPUAllocator: can't allocate memory: " in text:  # the CPU's, a plain RuntimeError
+        return text.partition("can't allocate memory: ")[2].split(". Error code")[0]
+    if isinstance(exc, torch.cuda.OutOfMemoryError):  # its first sentences: what was asked, what the GPU has
+        return ". ".join(text.splitlines()[0].split(". ")[:3])
+    return None
+
+
+def trained(cfg: TrainConfig, args: argparse.Namespace) -> dict | None:
+    """The run's summary; None on a rank other than 0 of several."""
+    if cfg.world_size > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's ranks must agree
+        from reference_trainer.distributed import RankFailed, launch_or_join
+
+        try:
+            return launch_or_join(cfg, args.quiet, args.save_policy)
+        except RankFailed as failure:  # the run failed, not its input: exit 1
+            raise MachineFault(str(failure)) from None
+    return run_with_progress(cfg, args.quiet, save_policy=args.save_policy)
 
 
 def print_summary(summary: dict) -> None:

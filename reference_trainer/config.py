@@ -25,6 +25,8 @@ OBS_DTYPES = ("float32", "uint8")
 CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
 # A delay is a sleep once an epoch that a phase must absorb; a minute of it is already no measurement.
 MAX_INJECT_DELAY_MS = 60_000.0
+# More threads than the largest machines have cores; asking OpenMP for a hundred thousand crashes the process.
+MAX_THREADS = 1024
 
 
 # The roles a field can play beyond configuring the run, each read by the tools that need it.
@@ -298,6 +300,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
                   "threads", "env_threads", "env_workers", "warmup_epochs", "env_cost_us", "steady_seconds")
     _positive(cfg, "rank_timeout")
+    if cfg.threads > MAX_THREADS:
+        raise ConfigError("threads", f"must be at most {MAX_THREADS} (got {cfg.threads})")
     for name in ("gamma", "gae_lambda"):
         if getattr(cfg, name) > 1:
             raise ConfigError(name, f"must be between 0 and 1 (got {getattr(cfg, name)})")

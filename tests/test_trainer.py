@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from reference_trainer.cli import out_of_memory
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv, make_env
 from reference_trainer.policy import Policy
@@ -271,6 +272,7 @@ def test_gymnasium_vector_env_trains():
         ({"gamma": float("nan")}, "gamma"),
         ({"clip_coef": float("inf")}, "clip_coef"),
         ({"rank_timeout": float("inf")}, "rank_timeout"),
+        ({"threads": 100_000}, "threads"),
         ({"num_envs": "many"}, "num_envs"),
         ({"colour": "red"}, "colour"),
     ],
@@ -304,6 +306,20 @@ def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_run_larger_than_the_memory_fails_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--hidden-size", "10000000", "--quiet"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == ("rlperf train: error: out of memory: you tried to allocate 1600000000000000 bytes (the "
+                           "sizes num_envs, horizon, hidden_size, num_actions and obs_shape set how much the run needs)\n")
+    cuda = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity "
+                                       "of 79.19 GiB of which 1.50 GiB is free. Including non-PyTorch memory, this "
+                                       "process has 77.68 GiB memory in use.")
+    assert out_of_memory(cuda) == ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                                   "79.19 GiB of which 1.50 GiB is free")
+    assert out_of_memory(RuntimeError("shapes do not match")) is None
 
 
 def test_a_refusal_found_while_the_envs_are_built_is_one_line_into_a_pipe():
