@@ -64,13 +64,19 @@ def print_profile(profile: dict) -> None:
     console = Console()
     console.print(trace_tables(profile["trace_summary"]))
     utilization = profile["utilization"]
-    table = Table(title="utilization over the traced epochs")
-    for column in ("source", "samples", "mean util %", "util-s / M steps", "J / M steps"):
-        table.add_column(column, justify="left" if column == "source" else "right")
-    for source, figures in (utilization["traced_epochs"] or {}).items():
-        table.add_row(source, str(figures["samples"]), _num(figures["mean_util_percent"], ".1f"),
-                      _num(figures["util_seconds_per_m_steps"], ".1f"), _num(figures["energy_j_per_m_steps"], ".0f"))
-    console.print(table)
+    if utilization["traced_epochs"]:
+        table = Table(title="utilization over the traced epochs")
+        for column in ("source", "samples", "mean util %", "util-s / M steps", "J / M steps"):
+            table.add_column(column, justify="left" if column == "source" else "right")
+        for source, figures in utilization["traced_epochs"].items():
+            table.add_row(source, str(figures["samples"]), _num(figures["mean_util_percent"], ".1f"),
+                          _num(figures["util_seconds_per_m_steps"], ".1f"),
+                          _num(figures["energy_j_per_m_steps"], ".0f"))
+        console.print(table)
+    else:
+        console.print(f"utilization: no sample fell within the traced epochs, which were shorter than the "
+                      f"{1000 * utilization['interval_s']:g} ms between samples: raise --sample-hz or trace more "
+                      f"steps (utilization.csv holds the whole run's)", soft_wrap=True)
     if utilization["unavailable"]:
         console.print(f"[yellow]{utilization['unavailable']}[/yellow]")
     clock = profile["clock_check"]

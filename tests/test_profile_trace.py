@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from profilers import pyspy, trace_events
+from profilers.render import print_profile
 from profilers.timeline import clock_check, merge_timeline
 from reference_trainer.config import PHASES
 from command.cli import main
@@ -80,6 +81,16 @@ def test_pyspy_writes_speedscope_and_flamegraph(profiled):
     assert any("train" in frame for stack in stacks for frame in stack)
     svg = (out / pyspy.SVG_NAME).read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+
+
+def test_traced_epochs_shorter_than_the_sampling_interval_say_so_rather_than_print_an_empty_table(profiled, capsys):
+    out, _ = profiled
+    profile = json.loads((out / "profile.json").read_text())
+    profile["utilization"]["traced_epochs"] = {}
+    print_profile(profile)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "utilization over the traced epochs" not in said
+    assert "no sample fell within the traced epochs, which were shorter than the 20 ms between samples" in said
 
 
 def test_a_known_sample_and_a_phase_boundary_land_on_the_trace_clock(profiled, tmp_path):
