@@ -99,9 +99,9 @@ def start_long_run(*extra: str) -> tuple[subprocess.Popen, psutil.Process]:
         raise
 
 
-def test_more_cpu_ranks_than_cores_are_refused_before_any_starts(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--world-size", "99999", "--num-envs", "99999",
-                           "--horizon", "1", "--minibatch-size", "99999", "--quiet"],
+def test_more_cpu_ranks_than_cores_are_refused_before_any_starts():
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--device", "cpu", "--world-size", "99999",
+                           "--num-envs", "99999", "--horizon", "1", "--minibatch-size", "99999", "--quiet"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "world_size: 99999 CPU ranks would share the" in proc.stderr

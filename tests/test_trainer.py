@@ -309,7 +309,8 @@ def test_cli_rejects_bad_input_with_one_line_and_exit_2(args, needle):
 
 
 def test_a_run_larger_than_the_memory_fails_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--hidden-size", "10000000", "--quiet"],
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--device", "cpu", "--hidden-size", "10000000",
+                           "--quiet"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr == ("rlperf train: error: out of memory: you tried to allocate 1600000000000000 bytes (the "
@@ -324,8 +325,8 @@ def test_a_run_larger_than_the_memory_fails_in_one_line():
 
 def test_a_refusal_found_while_the_envs_are_built_is_one_line_into_a_pipe():
     # found inside the run, after its progress bar started: the bar must leave nothing in a log
-    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--env", "gym:CartPole-v1", "--encoder", "cnn",
-                           "--total-steps", "8192"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "rlperf", "train", "--device", "cpu", "--env", "gym:CartPole-v1",
+                           "--encoder", "cnn", "--total-steps", "8192"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("rlperf train: error: encoder: cnn needs image observations")
     assert proc.stderr.count("\n") == 1, repr(proc.stderr)
