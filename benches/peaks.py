@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from typing import Any, Callable
 
 from rlperf import peaks
 from rlperf.arguments import device_choice, positive_int
-from rlperf.errors import BadInput
+from rlperf.errors import BadInput, MachineFault
 
 TIMINGS = 7
 TIMING_S = 0.01
@@ -44,6 +45,22 @@ MEMORY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30}
 KERNEL_GROUP_BYTES = 2**30
 COPY_BYTES = 64 * 2**20
 PROBE_TIMEOUT_S = 600.0
+
+
+class ProbeFailed(MachineFault):
+    """A measurement failed (a CUDA error, a library that refused): the message names it and the error's first
+    line; `rows` holds the measurements made before it, which are as good as any."""
+
+    def __init__(self, message: str, rows: list[dict[str, Any]]):
+        super().__init__(message)
+        self.rows = rows
+
+
+def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
+    shape = "x".join(str(size) for size in need["shape"])
+    what = " ".join(part for part in (need["op"], need["dtype"], shape) if part)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return ProbeFailed(f"peaks: measuring {what} on {need['device']} failed: {type(exc).__name__}: {first}", rows)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
             mine = runs.loc[runs["machine_key"] == key, "run_id"]
             needs = peaks.unique(needs + run_needs(store, mine))
         with console.status(f"measuring {len(needs)} peaks on {device_name}"):
-            rows, account = watched(lambda: measure(needs))
+            try:
+                rows, account = watched(lambda: measure(needs))
+            except ProbeFailed as failure:
+                if store is not None and failure.rows:
+                    store.add_peaks(key, failure.rows)
+                raise
         if store is not None:
             store.add_peaks(key, rows)
     if args.json:
@@ -128,6 +150,12 @@ def measure_run_peaks(store, key: str, run_id: str, say: Callable[[str], None], 
         started = time.monotonic()
         try:
             rows, account = watched(lambda: measure_in_subprocess(missing))
+        except ProbeFailed as failure:
+            if failure.rows:
+                store.add_peaks(key, failure.rows, run_id)
+            say(f"{failure}; {len(failure.rows)} of {len(missing)} measured before it are stored, and the report's "
+                f"roofline goes without the rest ({how_again})")
+            return
         except BadInput as exc:
             say(f"{exc}; the report goes without its roofline ({how_again})")
             return
@@ -162,10 +190,17 @@ def watched(measuring: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[st
 
     monitor = InterferenceMonitor()
     monitor.start()
-    rows = measuring()
-    account = monitor.stop()
+    failure = None
+    try:
+        rows = measuring()
+    except ProbeFailed as exc:
+        rows, failure = exc.rows, exc
+    finally:
+        account = monitor.stop()
     for row in rows:
         row["method"]["interference"] = {name: account[name] for name in ("contended", "why", "others_cores")}
+    if failure is not None:
+        raise failure
     return rows, account
 
 
@@ -212,34 +247,42 @@ def measure(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Kernels are timed in rounds, one timing of each per round, so that a burst of other work spoils one
     timing of many kernels (the fastest timing of each is kept) rather than every timing of one; as many at a
-    time as fit in KERNEL_GROUP_BYTES. Roofs, memory, copies and the tiny op are timed one after another."""
+    time as fit in KERNEL_GROUP_BYTES. Roofs, memory, copies and the tiny op are timed one after another. A
+    measurement that fails raises ProbeFailed naming it, with the rows measured before it."""
     rows: list[dict[str, Any] | None] = [None] * len(needs)
     kernels = [index for index, need in enumerate(needs) if need["op"] in peaks.KERNELS]
-    for index, need in enumerate(needs):
-        if index not in kernels:
-            started = time.perf_counter()
-            value, samples, method = measure_one(need["op"], need["dtype"], need["shape"], ready(need))
-            rows[index] = row(need, value, samples, {**method, "seconds": time.perf_counter() - started})
-    while kernels:
-        timers, held, spent = {}, 0, {}
-        while kernels and (not timers or held + kernel_bytes(needs[kernels[0]]) <= KERNEL_GROUP_BYTES):
-            index = kernels.pop(0)
-            started = time.perf_counter()
-            need, device = needs[index], ready(needs[index])
-            held += kernel_bytes(need)
-            timers[index] = Timer(kernel_call(need["op"], need["dtype"], need["shape"], device),
-                                  peaks.kernel_flops(need["op"], need["shape"]), device, graphed=device.type == "cuda")
-            spent[index] = time.perf_counter() - started
-        samples: dict[int, list[float]] = {index: [] for index in timers}
-        for _ in range(TIMINGS):
-            for index, timer in timers.items():
+    index = 0  # the need being measured, named if it fails
+    try:
+        for index, need in enumerate(needs):
+            if index not in kernels:
                 started = time.perf_counter()
-                ready(needs[index])
-                samples[index].append(timer.rate())
-                spent[index] += time.perf_counter() - started
-        for index, timer in timers.items():
-            value, timed_samples, method = timer.result(samples[index])
-            rows[index] = row(needs[index], value, timed_samples, {**method, "seconds": spent[index]})
+                value, samples, method = measure_one(need["op"], need["dtype"], need["shape"], ready(need))
+                rows[index] = row(need, value, samples, {**method, "seconds": time.perf_counter() - started})
+        while kernels:
+            timers, held, spent = {}, 0, {}
+            while kernels and (not timers or held + kernel_bytes(needs[kernels[0]]) <= KERNEL_GROUP_BYTES):
+                index = kernels.pop(0)
+                started = time.perf_counter()
+                need, device = needs[index], ready(needs[index])
+                held += kernel_bytes(need)
+                timers[index] = Timer(kernel_call(need["op"], need["dtype"], need["shape"], device),
+                                      peaks.kernel_flops(need["op"], need["shape"]), device,
+                                      graphed=device.type == "cuda")
+                spent[index] = time.perf_counter() - started
+            samples: dict[int, list[float]] = {index: [] for index in timers}
+            for _ in range(TIMINGS):
+                for index, timer in timers.items():
+                    started = time.perf_counter()
+                    ready(needs[index])
+                    samples[index].append(timer.rate())
+                    spent[index] += time.perf_counter() - started
+            for index, timer in timers.items():
+                value, timed_samples, method = timer.result(samples[index])
+                rows[index] = row(needs[index], value, timed_samples, {**method, "seconds": spent[index]})
+    except (BadInput, MachineFault):
+        raise
+    except Exception as exc:  # a CUDA error or a library's refusal: what was measured before it still counts
+        raise failed_measuring(needs[index], exc, [done for done in rows if done is not None]) from exc
     return rows
 
 
@@ -422,15 +465,24 @@ def measure_in_subprocess(needs: list[dict[str, Any]], python: str = sys.executa
                               text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise BadInput(f"peaks: the probe did not finish within {PROBE_TIMEOUT_S:.0f} s") from None
+    if done.returncode < 0:
+        raise ProbeFailed(f"peaks: the probe was killed by {signal.Signals(-done.returncode).name}", [])
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BadInput(f"peaks: the probe failed: {last}")
+        try:
+            measured = json.loads(done.stdout) if done.stdout.strip() else []
+        except json.JSONDecodeError:
+            measured = []
+        raise ProbeFailed(last if last.startswith("peaks: ") else f"peaks: the probe failed: {last}", measured)
     return json.loads(done.stdout)
 
 
 if __name__ == "__main__":
     try:
         json.dump(measure(json.loads(sys.stdin.read())), sys.stdout)
+    except ProbeFailed as failure:
+        json.dump(failure.rows, sys.stdout)
+        sys.exit(str(failure))
     except BadInput as exc:
         sys.exit(str(exc))
     sys.stdout.write("\n")

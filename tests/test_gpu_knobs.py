@@ -356,6 +356,30 @@ def test_the_probe_names_each_gpu_as_nvml_does():
     assert {gpu["uuid"] for gpu in probed} <= {gpu["uuid"] for gpu in nvml}
 
 
+def test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs():
+    """What a GPU smoke's roofline needs, in the probe's own child process: both dtypes' roofs, memory, the
+    tiny op, the four copies, and the products and a convolution's kernels graphed in float32 and bfloat16,
+    among them the ones a head of one or four outputs computes. An H200 smoke's probe ended in a CUDA error
+    among such needs."""
+    from benches import peaks as probe
+    from rlperf import peaks
+
+    name = torch.cuda.get_device_name(0)
+    dtypes = ["float32", "bfloat16"]
+    needs = peaks.roof_needs("cuda", name, 0, dtypes)
+    for dtype in dtypes:
+        needs += [peaks.need("cuda", name, 0, op, dtype, shape)
+                  for op, shape in (("linear", [4096, 128, 512]), ("linear", [4096, 128, 1]),
+                                    ("linear", [16384, 128, 4]), ("mm_tn", [1, 16384, 128]),
+                                    ("mm", [16384, 4, 128]), ("mm_tn", [512, 256, 128]),
+                                    ("conv", [256, 4, 84, 84, 32, 8, 4]),
+                                    ("conv_backward", [256, 4, 84, 84, 32, 8, 4, 1]))]
+    rows = probe.measure_in_subprocess(needs)
+    assert [(row["op"], row["dtype"]) for row in rows] == [(need["op"], need["dtype"]) for need in needs]
+    assert all(row["value"] > 0 for row in rows)
+    assert all(row["method"]["graphed"] for row in rows if row["op"] in peaks.KERNELS)
+
+
 def test_flops_measures_on_the_gpu():
     done = subprocess.run([sys.executable, "-m", "benches.flops", "--device", "cuda", "--num-envs", "64", "--horizon",
                            "8", "--minibatch-size", "256", "--hidden-size", "32", "--epochs", "3"],

@@ -223,6 +223,25 @@ def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_r
     assert fmt_rate_range([1.9e11, 1.8e11], "FLOP/s") == "180 GFLOP/s – 190 GFLOP/s"
 
 
+def test_a_measurement_that_fails_is_named_and_those_before_it_are_stored(tmp_path, monkeypatch):
+    """A probe whose measurement fails (on a GPU, a CUDA error whose last line says only how to compile torch
+    for device-side assertions) names that measurement and the error's first line, in a real child process;
+    what it measured before is stored, and the run loses only the rest of its roofline."""
+    store_path = tmp_path / "results.sqlite"
+    shutil.copy(REPO / "results" / "cpu-xeon-2core" / "results.sqlite", store_path)
+    needs = [peaks.need("cpu", "cpu", 1, peaks.DISPATCH, "", []),
+             peaks.need("cpu", "cpu", 1, "linear", "float32", [-1, 4, 4])]  # no tensor has a negative size
+    monkeypatch.setattr(probe, "run_needs", lambda store, run_ids: needs)
+    said = []
+    with Store.open(store_path) as store:
+        run_id = store.runs()["run_id"].iloc[0]
+        probe.measure_run_peaks(store, "machine", run_id, said.append)
+        stored = store.peaks("machine")
+    assert said[-1].startswith("peaks: measuring linear float32 -1x4x4 on cpu failed: RuntimeError: "), said
+    assert "negative dimension" in said[-1] and "1 of 2 measured before it are stored" in said[-1]
+    assert stored["op"].tolist() == [peaks.DISPATCH] and stored["value"].iloc[0] > 0
+
+
 def test_a_store_from_before_peaks_reads_as_having_none_and_gains_the_table_when_written(tmp_path):
     """The committed reference store predates peaks: read-only it reads, its report says why it has no
     roofline; opened for writing it gains the table and stays schema version 1."""
