@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     except MachineFault as fault:
         parser.exit(1, f"{parser.prog}: error: {fault}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
     threads = "" if result["threads"] is None else f", {result['threads']} env threads"
     groups = f" in {cfg.env_groups} groups stepped at once" if cfg.env_groups > 1 else ""
     print(f"{cfg.env}: {cfg.num_envs} envs{groups}{threads}, observations {list(result['obs_shape'])} "

@@ -73,3 +73,17 @@ def test_groups_are_named_in_the_first_line(tmp_path):
                    "--env-groups", "2", "--steps", "5", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("gym:CartPole-v1: 4 envs in 2 groups stepped at once, observations [4] float32")
+
+
+def test_an_interrupt_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    """What a CI step's time cap or Ctrl-C does mid-measurement: one line, no traceback."""
+    from benches import envrate as envrate_module
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(envrate_module, "measure", interrupted)
+    monkeypatch.setenv("RLPERF_LOCK", str(tmp_path / "lock"))
+    with pytest.raises(SystemExit) as exit_:
+        envrate_module.main(["--env", "synthetic", "--num-envs", "4"])
+    assert exit_.value.code == 130 and capsys.readouterr().err == "python -m benches.envrate: interrupted\n"
