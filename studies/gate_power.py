@@ -248,7 +248,7 @@ def main() -> None:
                                                        "(studies/simulated.Noise fields)")
     parser.add_argument("--graphed-noise", help="the noise of the points with CUDA graphs, named or as fields like "
                                                 "--noise's (default: --noise); h100-eager and h100-graphed are "
-                                                "what an H100 measured")
+                                                "what an H100 measured, h200-eager and h200-graphed an H200")
     parser.add_argument("--slowdown", type=float, default=0.10, help="the slowed point's loss of SPS")
     parser.add_argument("--nights", type=int, default=2000, help="nights simulated, half of them slowed")
     parser.add_argument("--screen-pairs", type=int, default=SCREEN_PAIRS)

@@ -60,7 +60,14 @@ H100 = Noise(process=0.036, drift=0.3, tail_df=4.0, night=0.03, point_night=0.01
 # The night offsets are the H100 model's, one night being all there was.
 H100_EAGER = Noise(process=0.2, drift=0.88, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
 H100_GRAPHED = Noise(process=0.04, drift=0.65, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
-NOISES = {"gpu": GPU_RUNNER, "h100": H100, "h100-eager": H100_EAGER, "h100-graphed": H100_GRAPHED}
+# The same study on an H200 (results/nvidia-h200-2026-11-28: 12 pairs each, processes forked from a warm server):
+# eager processes spread by 7.1% and their pairs by 6.8%, graphed ones by 2.8% and 3.9%, the SM clock at 1,980 MHz
+# throughout and no clock event; consecutive graphed processes did not correlate. `process` is set so that the
+# model's pairs spread as the measured ones do (the gate reads pairs).
+H200_EAGER = Noise(process=0.082, drift=0.54, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
+H200_GRAPHED = Noise(process=0.032, drift=0.0, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
+NOISES = {"gpu": GPU_RUNNER, "h100": H100, "h100-eager": H100_EAGER, "h100-graphed": H100_GRAPHED,
+          "h200-eager": H200_EAGER, "h200-graphed": H200_GRAPHED}
 
 
 def parse_noise(text: str) -> Noise:
