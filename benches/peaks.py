@@ -49,7 +49,8 @@ PROBE_TIMEOUT_S = 600.0
 
 class ProbeFailed(MachineFault):
     """A measurement failed (a CUDA error, a library that refused): the message names it and the error's first
-    line; `rows` holds the measurements made before it, which are as good as any."""
+    line; `rows` holds the measurements made before it, which are as good as any. Every warm-up call is waited
+    for, so an asynchronous CUDA error surfaces in the measurement whose kernels raised it."""
 
     def __init__(self, message: str, rows: list[dict[str, Any]]):
         super().__init__(message)
