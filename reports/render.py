@@ -218,7 +218,8 @@ def phase_section(run: RunData) -> Section | None:
 def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us: float, env_groups: int) -> str:
     """One point's line: the env's share of the step, how much of it the env groups' overlap hid behind the
     policy (and how much of the policy's time that was), and the side that limits the rollout, whose hardware
-    would speed it."""
+    would speed it. With one group, the most that overlapping could hide: the smaller side's share, which is
+    all a user needs to see whether groups (whose own launches and copies cost on a GPU) are worth trying."""
     if np.isnan(env_us):
         return "not measured"
     beside = max(0.0, env_us - waited_us)
@@ -234,7 +235,9 @@ def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us:
         text += "the env side limits the rollout, more cores or env threads would speed it"
     else:
         text += "the policy side limits the rollout, a faster device would speed it"
-    return text + ("" if env_groups > 1 else "; --env-groups 2 would overlap the two")
+    if env_groups > 1:
+        return text
+    return text + f"; --env-groups 2 could hide at most {min(env_us, policy_us) / step_us:.0%} of the step"
 
 
 def env_overlap_section(run: RunData) -> Section | None:

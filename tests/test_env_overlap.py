@@ -213,7 +213,9 @@ def test_the_report_says_which_side_waits_and_older_runs_read_as_not_measured(tm
     assert "policy side limits" in which_side_waits(20.0, 1.0, 60.0, 100.0, 2)
     assert which_side_waits(20.0, 20.0, 60.0, 100.0, 1) == (
         "env 20% of the step, none of it hidden (one env group), policy 60%: the policy side limits the rollout, a "
-        "faster device would speed it; --env-groups 2 would overlap the two")
+        "faster device would speed it; --env-groups 2 could hide at most 20% of the step")
+    # an env of 2% of the step (a synthetic env on a GPU) leaves groups nothing worth hiding, and the line says so
+    assert which_side_waits(2.0, 2.0, 26.0, 100.0, 1).endswith("--env-groups 2 could hide at most 2% of the step")
 
 
 class LateActions:
