@@ -200,38 +200,36 @@ class Sweep:
             store.add_trace(run_id, point.key, result.profile["trace"], result.profile)
 
     def print_summary(self, store: Store, run_id: str, suite: suites.Suite) -> int:
-        """Prints the per-point table; returns how many points failed or timed out."""
+        """Prints the per-point tables; returns how many points failed or timed out."""
         order = {point.key: index for index, point in enumerate(suite.points)}
         points = store.points(run_id)
         points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
         table_data = summarize_points(points, store.samples(run_id), self.options.threshold, self.options.alpha)
-        table = Table(title=f"run {run_id} ({suite.name}): steady SPS per point, median of the repeats")
         axes = list(suite.axis_names)
         shown_phases = [phase for phase in PHASES if f"share.{phase}" in table_data
                         and (table_data[f"share.{phase}"] >= MIN_SHOWN_SHARE).any()]
-        for name in axes:
-            table.add_column(name)
-        table.add_column("status")
-        table.add_column("n", justify="right")
-        table.add_column("SPS", justify="right")
-        table.add_column("spread", justify="right")
-        table.add_column("e2e SPS", justify="right")
-        table.add_column("contended", justify="right")
-        table.add_column("detects", justify="right")
-        table.add_column("h2d B/step", justify="right")
-        table.add_column("h2d MB/s", justify="right")
-        for phase in shown_phases:
-            table.add_column(phase, justify="right")
+        # two tables, each of a width a CI log's 160 columns hold: one table of every column cut its headers to
+        # "num_e…" and "detec…" and wrapped each row over three lines
+        rates = Table(title=f"run {run_id} ({suite.name}): steady SPS per point, median of the repeats")
+        shares = Table(title="where the steady time goes (share of each phase) and what the rollout copies")
+        for table in (rates, shares):
+            for name in axes:
+                table.add_column(name)
+        for column in ("status", "n", "SPS", "spread", "e2e SPS", "contended", "detects"):
+            rates.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
+        for column in ("h2d B/step", "h2d MB/s", *shown_phases):
+            shares.add_column(column, justify="right", no_wrap=True)
         for row in table_data.to_dict("records"):
             swept = json.loads(row["point_key"])
-            values = [plain(swept[name]) if name in swept else "" for name in axes]
-            values += [row["status"], str(row["repeats"]), format_count(row["sps_median"]),
-                       format_spread(row["spread"]), format_count(row["sps_end_to_end"]),
-                       format_contended(row["contended"], row["repeats"]), format_detects(row["detects"], self.options.alpha),
-                       format_count(row["h2d_bytes_per_step"]), format_megabytes(row["h2d_mb_per_s"])]
-            values += [format_share(row.get(f"share.{phase}")) for phase in shown_phases]
-            table.add_row(*values)
-        self.console.print(table)
+            point = [plain(swept[name]) if name in swept else "" for name in axes]
+            rates.add_row(*point, row["status"], str(row["repeats"]), format_count(row["sps_median"]),
+                          format_spread(row["spread"]), format_count(row["sps_end_to_end"]),
+                          format_contended(row["contended"], row["repeats"]),
+                          format_detects(row["detects"], self.options.alpha))
+            shares.add_row(*point, format_count(row["h2d_bytes_per_step"]), format_megabytes(row["h2d_mb_per_s"]),
+                           *(format_share(row.get(f"share.{phase}")) for phase in shown_phases))
+        self.console.print(rates)
+        self.console.print(shares)
         self.console.print("spread: (max - min) / median of the repeats; contended: repeats during which other "
                            "processes used the CPU or GPU (left out of verdicts); detects: the smallest slowdown "
                            "these repeats would catch 95% of the time against as many as noisy; h2d: bytes the "

@@ -131,6 +131,11 @@ def test_real_trainer_sweep_stores_every_sample_and_exports(tmp_path):
     done = run_bench("--suite", str(suite), "--out", "out", "--export", "out/samples.csv", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[2/2] num_envs=8, lstm=false:" in done.stdout and "SPS" in done.stdout
+    # its tables fit a CI log's 160 columns, every header whole and every row on one line
+    table_lines = [line for line in done.stdout.splitlines() if line.startswith(("┃", "│"))]
+    assert table_lines and max(map(len, table_lines)) <= 160
+    assert all(f" {header} ┃" in done.stdout for header in ("num_envs", "contended", "detects", "h2d MB/s", "learn"))
+    assert sum(line.startswith("│ 8 ") for line in table_lines) == 4  # 2 points, in each of the two tables
     with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
         run_id = store.latest_run()
         counts = store.row_counts()
