@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-# The CUDA cases carry the gpu marker, so `pytest -m gpu` (the nightly GPU job) selects them.
+# The CUDA cases carry the gpu marker: tests/test_gpu_micro.py runs them in the GPU job's `pytest -m gpu`, and
+# tests/test_bench_micro.py only the CPU cases, whatever the machine has.
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])
 
 
