@@ -17,7 +17,7 @@ device synchronized before and after it. The model's kernels are timed in rounds
 timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny op's
 rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the thread count
 its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
-and writes the measured rows as JSON on stdout.
+and writes the measured rows, and the need whose measurement failed if one did, as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -45,23 +45,27 @@ MEMORY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30}
 KERNEL_GROUP_BYTES = 2**30
 COPY_BYTES = 64 * 2**20
 PROBE_TIMEOUT_S = 600.0
+PROBE_PROCESSES = 3
 
 
 class ProbeFailed(MachineFault):
     """A measurement failed (a CUDA error, a library that refused): the message names it and the error's first
-    line; `rows` holds the measurements made before it, which are as good as any. Every warm-up call is waited
-    for, so an asynchronous CUDA error surfaces in the measurement whose kernels raised it."""
+    line; `rows` holds the measurements made besides, which are as good as any, and `failed` the needs that failed
+    (empty where the probe died without naming one). Every warm-up call is waited for, so an asynchronous CUDA
+    error surfaces in the measurement whose kernels raised it."""
 
-    def __init__(self, message: str, rows: list[dict[str, Any]]):
+    def __init__(self, message: str, rows: list[dict[str, Any]], failed: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.rows = rows
+        self.failed = failed or []
 
 
 def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
     shape = "x".join(str(size) for size in need["shape"])
     what = " ".join(part for part in (need["op"], need["dtype"], shape) if part)
     first = (str(exc).strip().splitlines() or [""])[0]
-    return ProbeFailed(f"peaks: measuring {what} on {need['device']} failed: {type(exc).__name__}: {first}", rows)
+    return ProbeFailed(f"peaks: measuring {what} on {need['device']} failed: {type(exc).__name__}: {first}", rows,
+                       [need])
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -136,8 +140,8 @@ def run_needs(store, run_ids) -> list[dict[str, Any]]:
 
 def measure_run_peaks(store, key: str, run_id: str, say: Callable[[str], None], again: bool = False) -> None:
     """Measures, in a fresh interpreter, what run `run_id`'s reading needs and the store lacks a quiet
-    measurement of for machine `key` (with `again`, all it needs); a probe that fails costs the report its
-    roofline, never the run. A phase that then reads above 100% of its ceiling has all its run's peaks measured
+    measurement of for machine `key` (with `again`, all it needs); a measurement that fails costs the report its
+    peak, never the run. A phase that then reads above 100% of its ceiling has all its run's peaks measured
     once more: a shared host can slow a whole probe with no busy process in sight, and readers keep the fastest
     measurement, so only a wrong count still reads above after that."""
     needs = run_needs(store, [run_id])
@@ -154,8 +158,8 @@ def measure_run_peaks(store, key: str, run_id: str, say: Callable[[str], None], 
         except ProbeFailed as failure:
             if failure.rows:
                 store.add_peaks(key, failure.rows, run_id)
-            say(f"{failure}; {len(failure.rows)} of {len(missing)} measured before it are stored, and the report's "
-                f"roofline goes without the rest ({how_again})")
+            say(f"{failure}; {len(failure.rows)} of {len(missing)} measured and stored, and the report's roofline "
+                f"goes without the rest ({how_again})")
             return
         except BadInput as exc:
             say(f"{exc}; the report goes without its roofline ({how_again})")
@@ -460,7 +464,37 @@ def timed(call: Callable[[], Any], work: float, device) -> tuple[float, list[flo
 
 
 def measure_in_subprocess(needs: list[dict[str, Any]], python: str = sys.executable) -> list[dict[str, Any]]:
-    """`measure` in a fresh interpreter, so that the harness never holds a CUDA context of its own."""
+    """`measure` in a fresh interpreter, so that the harness never holds a CUDA context of its own. A measurement
+    that fails costs its own peak, not the ones after it: they are measured in another fresh process (a CUDA
+    error can leave a process's context unusable), up to PROBE_PROCESSES processes in all. Then ProbeFailed names
+    the first failure and holds every row measured."""
+    rows, failures, left = [], [], list(needs)
+    while left:
+        try:
+            rows += probe_process(left, python)
+            break
+        except ProbeFailed as failure:
+            rows += failure.rows
+            failures.append(failure)
+            if not failure.failed or len(failures) == PROBE_PROCESSES:
+                break
+            done = {need_key(need) for need in failure.failed} | {need_key(row) for row in failure.rows}
+            left = [need for need in left if need_key(need) not in done]
+    if failures:
+        failed = [need for failure in failures for need in failure.failed]
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        raise ProbeFailed(f"{failures[0]}{more}", rows, failed)
+    return rows
+
+
+def need_key(need_or_row: dict[str, Any]) -> tuple:
+    return peaks.key(need_or_row["device_name"], need_or_row["threads"], need_or_row["op"], need_or_row["dtype"],
+                     need_or_row["shape"])
+
+
+def probe_process(needs: list[dict[str, Any]], python: str) -> list[dict[str, Any]]:
+    """One fresh interpreter measuring `needs`: its rows, or ProbeFailed with the rows it measured and the need
+    that failed."""
     try:
         done = subprocess.run([python, "-m", "benches.peaks"], input=json.dumps(needs), capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S)
@@ -468,21 +502,22 @@ def measure_in_subprocess(needs: list[dict[str, Any]], python: str = sys.executa
         raise BadInput(f"peaks: the probe did not finish within {PROBE_TIMEOUT_S:.0f} s") from None
     if done.returncode < 0:
         raise ProbeFailed(f"peaks: the probe was killed by {signal.Signals(-done.returncode).name}", [])
+    try:
+        answer = json.loads(done.stdout) if done.stdout.strip() else {}
+    except json.JSONDecodeError:
+        answer = {}
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        try:
-            measured = json.loads(done.stdout) if done.stdout.strip() else []
-        except json.JSONDecodeError:
-            measured = []
-        raise ProbeFailed(last if last.startswith("peaks: ") else f"peaks: the probe failed: {last}", measured)
-    return json.loads(done.stdout)
+        raise ProbeFailed(last if last.startswith("peaks: ") else f"peaks: the probe failed: {last}",
+                          answer.get("rows", []), answer.get("failed", []))
+    return answer["rows"]
 
 
 if __name__ == "__main__":
     try:
-        json.dump(measure(json.loads(sys.stdin.read())), sys.stdout)
+        json.dump({"rows": measure(json.loads(sys.stdin.read())), "failed": []}, sys.stdout)
     except ProbeFailed as failure:
-        json.dump(failure.rows, sys.stdout)
+        json.dump({"rows": failure.rows, "failed": failure.failed}, sys.stdout)
         sys.exit(str(failure))
     except BadInput as exc:
         sys.exit(str(exc))

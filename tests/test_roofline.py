@@ -223,14 +223,16 @@ def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_r
     assert fmt_rate_range([1.9e11, 1.8e11], "FLOP/s") == "180 GFLOP/s – 190 GFLOP/s"
 
 
-def test_a_measurement_that_fails_is_named_and_those_before_it_are_stored(tmp_path, monkeypatch):
+def test_a_measurement_that_fails_is_named_and_costs_only_its_own_peak(tmp_path, monkeypatch):
     """A probe whose measurement fails (on a GPU, a CUDA error whose last line says only how to compile torch
-    for device-side assertions) names that measurement and the error's first line, in a real child process;
-    what it measured before is stored, and the run loses only the rest of its roofline."""
+    for device-side assertions) names that measurement and the error's first line, in a real child process; what
+    it measured before is stored, and the needs after it are measured in a fresh process, so the run's roofline
+    loses that one peak."""
     store_path = tmp_path / "results.sqlite"
     shutil.copy(REPO / "results" / "cpu-xeon-2core" / "results.sqlite", store_path)
     needs = [peaks.need("cpu", "cpu", 1, peaks.DISPATCH, "", []),
-             peaks.need("cpu", "cpu", 1, "linear", "float32", [-1, 4, 4])]  # no tensor has a negative size
+             peaks.need("cpu", "cpu", 1, "linear", "float32", [-1, 4, 4]),  # no tensor has a negative size
+             peaks.need("cpu", "cpu", 1, "linear", "float32", [8, 4, 4])]
     monkeypatch.setattr(probe, "run_needs", lambda store, run_ids: needs)
     said = []
     with Store.open(store_path) as store:
@@ -238,8 +240,19 @@ def test_a_measurement_that_fails_is_named_and_those_before_it_are_stored(tmp_pa
         probe.measure_run_peaks(store, "machine", run_id, said.append)
         stored = store.peaks("machine")
     assert said[-1].startswith("peaks: measuring linear float32 -1x4x4 on cpu failed: RuntimeError: "), said
-    assert "negative dimension" in said[-1] and "1 of 2 measured before it are stored" in said[-1]
-    assert stored["op"].tolist() == [peaks.DISPATCH] and stored["value"].iloc[0] > 0
+    assert "negative dimension" in said[-1] and "2 of 3 measured and stored" in said[-1]
+    assert sorted((op, tuple(shape)) for op, shape in zip(stored["op"], stored["shape"])) == \
+        [(peaks.DISPATCH, ()), ("linear", (8, 4, 4))]
+    assert (stored["value"] > 0).all()
+
+
+def test_a_probe_whose_measurements_keep_failing_stops_after_its_processes():
+    bad = [peaks.need("cpu", "cpu", 1, "linear", "float32", [-size, 4, 4]) for size in range(1, 6)]
+    with pytest.raises(probe.ProbeFailed) as failed:
+        probe.measure_in_subprocess(bad)
+    assert str(failed.value).startswith("peaks: measuring linear float32 -1x4x4 on cpu failed: RuntimeError: ")
+    assert str(failed.value).endswith(f"(and {probe.PROBE_PROCESSES - 1} more)")
+    assert failed.value.rows == [] and failed.value.failed == bad[:probe.PROBE_PROCESSES]
 
 
 def test_a_store_from_before_peaks_reads_as_having_none_and_gains_the_table_when_written(tmp_path):
