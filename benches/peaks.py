@@ -478,18 +478,13 @@ def measure_in_subprocess(needs: list[dict[str, Any]], python: str = sys.executa
             failures.append(failure)
             if not failure.failed or len(failures) == PROBE_PROCESSES:
                 break
-            done = {need_key(need) for need in failure.failed} | {need_key(row) for row in failure.rows}
-            left = [need for need in left if need_key(need) not in done]
+            done = {peaks.quantity_key(measured) for measured in failure.failed + failure.rows}
+            left = [need for need in left if peaks.quantity_key(need) not in done]
     if failures:
         failed = [need for failure in failures for need in failure.failed]
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         raise ProbeFailed(f"{failures[0]}{more}", rows, failed)
     return rows
-
-
-def need_key(need_or_row: dict[str, Any]) -> tuple:
-    return peaks.key(need_or_row["device_name"], need_or_row["threads"], need_or_row["op"], need_or_row["dtype"],
-                     need_or_row["shape"])
 
 
 def probe_process(needs: list[dict[str, Any]], python: str) -> list[dict[str, Any]]:

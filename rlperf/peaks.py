@@ -70,6 +70,12 @@ def key(device_name: str, threads: int, op: str, dtype: str, shape: list[int]) -
     return device_name, thread_key(device_name, threads), op, dtype, json.dumps(list(shape))
 
 
+def quantity_key(need_or_row: dict[str, Any]) -> tuple:
+    """The quantity a need (`need`) or a measured row asks for or gives."""
+    return key(need_or_row["device_name"], need_or_row["threads"], need_or_row["op"], need_or_row["dtype"],
+               need_or_row["shape"])
+
+
 def needs_for_work(device: str, device_name: str, threads: int, work: dict[str, Any]) -> list[dict[str, Any]]:
     """What a run's reading needs measured: the roofs of its device and thread count at fp32 and at the
     dtype it computed in, and every kernel its phases ran. `work` is a trainer summary's `work`."""
@@ -94,7 +100,7 @@ def need(device: str, device_name: str, threads: int, op: str, dtype: str, shape
 
 
 def unique(needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list({key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]): n for n in needs}.values())
+    return list({quantity_key(n): n for n in needs}.values())
 
 
 def busy(row: dict[str, Any]) -> bool:
@@ -112,7 +118,7 @@ class Peaks:
         self.by_key: dict[tuple, dict[str, Any]] = {}
         self.settled: set[tuple] = set()
         for row in rows.to_dict("records"):
-            at = key(row["device_name"], row["threads"], row["op"], row["dtype"], row["shape"])
+            at = quantity_key(row)
             if at not in self.by_key or row["value"] > self.by_key[at]["value"]:
                 self.by_key[at] = row
             if not busy(row):
@@ -120,8 +126,7 @@ class Peaks:
 
     def missing(self, needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The needs with no measurement taken on a quiet machine yet."""
-        return [n for n in unique(needs)
-                if key(n["device_name"], n["threads"], n["op"], n["dtype"], n["shape"]) not in self.settled]
+        return [n for n in unique(needs) if quantity_key(n) not in self.settled]
 
     def unsettled(self, device_name: str, threads: int) -> int:
         """How many of this device's quantities were only ever measured beside other work."""
