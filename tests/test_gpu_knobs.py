@@ -358,22 +358,25 @@ def test_the_probe_names_each_gpu_as_nvml_does():
 
 def test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs():
     """What a GPU smoke's roofline needs, in the probe's own child process: both dtypes' roofs, memory, the
-    tiny op, the four copies, and the products and a convolution's kernels graphed in float32 and bfloat16,
-    among them the ones a head of one or four outputs computes. An H200 smoke's probe ended in a CUDA error
-    among such needs."""
+    tiny op, the four copies, and every kernel of the smoke's LSTM-128 at 1024 and 4096 envs (the heads of one
+    and four outputs among them) and a convolution's, graphed in float32 and bfloat16: 42 kernels timed at once,
+    more than torch's pool has streams (32). An H200 smoke's probe ended in a CUDA error among such needs."""
     from benches import peaks as probe
     from rlperf import peaks
 
     name = torch.cuda.get_device_name(0)
     dtypes = ["float32", "bfloat16"]
+    kernels = [("linear", [envs, 32, 128]) for envs in (1024, 4096, 16384)] \
+        + [("linear", [envs, 128, outputs]) for envs in (1024, 4096, 16384) for outputs in (1, 4)] \
+        + [("linear", [envs, 128, 512]) for envs in (256, 1024, 4096)] \
+        + [("mm_tn", [outputs, 16384, 128]) for outputs in (1, 4)] + [("mm_tn", [128, 16384, 32]),
+                                                                       ("mm_tn", [512, 256, 128])] \
+        + [("mm", [16384, outputs, 128]) for outputs in (1, 4)] + [("mm", [256, 512, 128])] \
+        + [("conv", [256, 4, 84, 84, 32, 8, 4]), ("conv_backward", [256, 4, 84, 84, 32, 8, 4, 1])]
     needs = peaks.roof_needs("cuda", name, 0, dtypes)
     for dtype in dtypes:
-        needs += [peaks.need("cuda", name, 0, op, dtype, shape)
-                  for op, shape in (("linear", [4096, 128, 512]), ("linear", [4096, 128, 1]),
-                                    ("linear", [16384, 128, 4]), ("mm_tn", [1, 16384, 128]),
-                                    ("mm", [16384, 4, 128]), ("mm_tn", [512, 256, 128]),
-                                    ("conv", [256, 4, 84, 84, 32, 8, 4]),
-                                    ("conv_backward", [256, 4, 84, 84, 32, 8, 4, 1]))]
+        needs += [peaks.need("cuda", name, 0, op, dtype, shape) for op, shape in kernels]
+    assert sum(need["op"] in peaks.KERNELS for need in needs) == 42
     rows = probe.measure_in_subprocess(needs)
     assert [(row["op"], row["dtype"]) for row in rows] == [(need["op"], need["dtype"]) for need in needs]
     assert all(row["value"] > 0 for row in rows)
