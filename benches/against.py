@@ -135,7 +135,7 @@ class Against:
         opts = self.options
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with Launcher(opts.launch, tree) as baseline:
+        with working.beside(tree) as baseline:
             sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
                                         trainer_command, baseline),
                      "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,

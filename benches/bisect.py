@@ -436,7 +436,7 @@ class Measure:
         opts = self.bisect.options
         utilization = UtilizationProbe(opts.sample_hz_for(self.suite))
         timeout = opts.timeout_for(self.suite)
-        with Launcher(opts.launch, self.good_tree) as good, Launcher(opts.launch, tree) as probed:
+        with Launcher(opts.launch, self.good_tree) as good, good.beside(tree) as probed:
             runners = {"ref": PointRunner(opts.out_dir / result.good_run, opts.max_repeats, timeout, utilization,
                                           trainer_command, good),
                        "new": PointRunner(opts.out_dir / result.run, opts.max_repeats, timeout, utilization,

@@ -110,7 +110,7 @@ class Confirm:
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
         with worktree(commits["ref"], self.say) as ref_tree, worktree(commits["new"]) as new_tree, \
-                Launcher(opts.launch, ref_tree) as ref_launcher, Launcher(opts.launch, new_tree) as new_launcher, \
+                Launcher(opts.launch, ref_tree) as ref_launcher, ref_launcher.beside(new_tree) as new_launcher, \
                 Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():

@@ -92,7 +92,7 @@ class Gate:
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with worktree(commit, self.say) as tree, Launcher(opts.launch, tree) as baseline, \
+        with worktree(commit, self.say) as tree, working.beside(tree) as baseline, \
                 Store.open(store_path) as store:
             launchers = {"ref": baseline, "new": working}
 

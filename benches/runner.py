@@ -83,15 +83,22 @@ class UtilizationProbe:
 
 class Launcher:
     """Where and how one checkout's repeats start: in `cwd` (another checkout's code is imported from there),
-    forked from one warm interpreter kept for every runner given this launcher (`method` "forked"), or as fresh
-    interpreters ("fresh"). A forked start that cannot be had (a command not of this interpreter, a server that
-    refuses or dies starting) is a fresh one, and the repeat's log says why."""
+    forked from one warm interpreter (`method` "forked"), or as fresh interpreters ("fresh"). The launchers made
+    `beside` this one, for the other checkouts of a comparison, fork from the same server: an offset one server's
+    children share then falls on every side alike, where a server per side made it read as a code change. A forked
+    start that cannot be had (a command not of this interpreter, a server that refuses or dies starting) is a fresh
+    one for every side, and the repeat's log says why."""
 
-    def __init__(self, method: str = "forked", cwd: Path | None = None):
+    def __init__(self, method: str = "forked", cwd: Path | None = None, shared: "Launcher | None" = None):
         self.method = method
         self.cwd = cwd
+        self.owner = shared or self  # whose server every launcher beside it forks from, and who closes it
         self.server: ForkServer | None = None
         self.refused: str | None = None
+
+    def beside(self, cwd: Path | None) -> "Launcher":
+        """A launcher for the checkout in `cwd` that starts its repeats as this one does, from the same server."""
+        return Launcher(self.method, cwd, self.owner)
 
     def __enter__(self) -> "Launcher":
         return self
@@ -100,7 +107,7 @@ class Launcher:
         self.close()
 
     def close(self) -> None:
-        if self.server is not None:
+        if self.owner is self and self.server is not None:
             self.server.close()
             self.server = None
 
@@ -108,20 +115,21 @@ class Launcher:
         """The server that will fork `command`, started (its imports done) on first use; None for a fresh start.
         Called before a repeat's accounts open: the server's imports are neither the trainer's nor another
         program's."""
-        if self.method != "forked" or not forkable(command) or self.refused is not None:
+        owner = self.owner
+        if self.method != "forked" or not forkable(command) or owner.refused is not None:
             return None
-        if self.server is None:
+        if owner.server is None:
             try:
-                server = ForkServer(self.cwd)
+                server = ForkServer(owner.cwd)
             except ServerGone as gone:
-                self.refused = str(gone)
+                owner.refused = str(gone)
                 return None
             if server.refused:
-                self.refused = f"the fork server refused: {server.refused}"
+                owner.refused = f"the fork server refused: {server.refused}"
                 server.close()
                 return None
-            self.server = server
-        return self.server
+            owner.server = server
+        return owner.server
 
     def probe_machine(self) -> Machine:
         """What the machine can run (rlperf/machine.py), asked of a child of the server that will fork the
@@ -138,16 +146,19 @@ class Launcher:
         """The repeat's process, in a session of its own (a timeout ends it and any ranks it started together),
         dying with this harness (through `spawn`, or with its server), its output in `log`."""
         if server is not None:
-            return server.start(command, log_path)
-        if self.method == "forked" and self.refused:
-            log.write(f"started fresh: {self.refused}\n")
+            return server.start(command, log_path, cwd=self.cwd)
+        if self.method == "forked" and self.owner.refused:
+            log.write(f"started fresh: {self.owner.refused}\n")
             log.flush()
         return spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                      start_new_session=True, cwd=self.cwd)
 
     def gone(self) -> None:
-        """The server died: the next repeat starts another."""
-        self.close()
+        """The server died: the next repeat, of whichever side, starts another."""
+        owner = self.owner
+        if owner.server is not None:
+            owner.server.close()
+            owner.server = None
 
 
 class PointRunner:

@@ -3,10 +3,13 @@ with torch already imported instead of paying for the import.
 
 A repeat's process spends most of its start importing: on the 2-core EPYC `import torch` takes 1.4 s and
 torch._dynamo (which torch.optim's Adam imports when it is built) 1.1 s more, of a 3 s process at the smoke's
-sizes. asv saves the same cost with its `forkserver` launch method. Here one server per checkout imports
-WARM_MODULES once, then forks a child for each command it is given; the child becomes `python -m MODULE
-ARGS...` by running the module as `-m` would, so what it measures is what a fresh process measures: its own
-CUDA context, allocator, threads, seeds and env, nothing run before it but imports.
+sizes. asv saves the same cost with its `forkserver` launch method. Here a server imports WARM_MODULES once,
+then forks a child for each command it is given; the child becomes `python -m MODULE ARGS...` in the checkout
+the command names, by running the module as `-m` would there, so what it measures is what a fresh process
+measures: its own CUDA context, allocator, threads, seeds and env, nothing run before it but imports. The
+server imports no checkout's code, so one server forks both sides of a comparison: whatever an interpreter
+instance does to its children's speed then falls on both sides alike (docs/decision-rules.md, "Offsets one
+side shares").
 
 What makes the fork safe, checked before the server says it is ready: no Python thread besides the main one,
 and CUDA not initialized (a CUDA context made before a fork is unusable in the child). A CUDA build of torch
@@ -101,11 +104,14 @@ class ForkServer:
         self.refused: str | None = ready["refused"]
         self.import_s: float = ready["import_s"]
 
-    def start(self, command: list[str], log_path: Path, stdout_path: Path | None = None) -> ForkedChild:
-        """Forks `command` (`forkable`), its output appended to `log_path` (its standard output to `stdout_path`
-        instead, if given)."""
+    def start(self, command: list[str], log_path: Path, stdout_path: Path | None = None,
+              cwd: Path | None = None) -> ForkedChild:
+        """Forks `command` (`forkable`) in `cwd` (default the server's directory), whose modules it imports as
+        `python -m` would there, its output appended to `log_path` (its standard output to `stdout_path` instead,
+        if given)."""
         request = {"module": command[2], "args": command[3:], "log": str(Path(log_path).absolute()),
-                   "stdout": str(Path(stdout_path).absolute()) if stdout_path is not None else None}
+                   "stdout": str(Path(stdout_path).absolute()) if stdout_path is not None else None,
+                   "cwd": str(Path(cwd).absolute()) if cwd is not None else None}
         try:
             self.socket.sendall(json.dumps(request).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -261,6 +267,9 @@ def become(request: dict, server_pid: int) -> None:
     os.dup2(log, 2)
     for fd in {log, stdout, devnull}:
         os.close(fd)
+    if request.get("cwd"):  # another checkout's code: the server imported none of it
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]
     sys.argv = [request["module"], *request["args"]]
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)

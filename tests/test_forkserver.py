@@ -77,6 +77,42 @@ def test_a_forked_child_is_the_module_run_as_python_m_in_the_servers_directory(s
     assert seen["comm"] == "probe_module ex"  # the module and its first argument, as much as the kernel keeps
 
 
+def test_a_child_forked_for_another_checkout_runs_that_checkouts_code_there(server, tmp_path):
+    started, directory = server
+    other = tmp_path / "other checkout"
+    other.mkdir()
+    (other / "probe_module.py").write_text(PROBE.replace('"main": __name__', '"main": __name__, "other": True'))
+    child = started.start([sys.executable, "-m", "probe_module", "exit", "0"], tmp_path / "log", cwd=other)
+    assert child.wait(120) == 0
+    seen = json.loads((tmp_path / "log").read_text().splitlines()[0])
+    assert seen["cwd"] == str(other) and seen.get("other") and seen["ppid"] == started.process.pid
+    # the server's own directory is as it was for the next child
+    assert "other" not in run(started, tmp_path / "again", "exit", "0")[1]
+
+
+def test_launchers_beside_each_other_fork_from_one_server_each_in_its_own_checkout(tmp_path):
+    checkouts = {name: tmp_path / name for name in ("working", "baseline")}
+    for name, directory in checkouts.items():
+        directory.mkdir()
+        said = PROBE.replace('"main": __name__', f'"main": __name__, "side": "{name}"')
+        (directory / "probe_module.py").write_text(said)
+    with Launcher("forked", checkouts["working"]) as working, working.beside(checkouts["baseline"]) as baseline:
+        seen = {}
+        for name, launcher in (("working", working), ("baseline", baseline)):
+            command = [sys.executable, "-m", "probe_module", "exit", "0"]
+            server = launcher.prepare(command)
+            with open(tmp_path / f"{name}.log", "w") as log:
+                assert launcher.start(server, command, log, tmp_path / f"{name}.log").wait(120) == 0
+            seen[name] = json.loads((tmp_path / f"{name}.log").read_text().splitlines()[0])
+        # one interpreter instance forked both sides: whatever it does to its children's speed, both meet it
+        assert seen["working"]["ppid"] == seen["baseline"]["ppid"] == working.server.process.pid
+        assert baseline.server is None
+        assert {name: (s["side"], s["cwd"]) for name, s in seen.items()} == {
+            name: (name, str(directory)) for name, directory in checkouts.items()}
+        baseline.gone()  # the server died: the next repeat of either side starts another
+        assert working.server is None
+
+
 def test_a_childs_exit_is_an_interpreters_exit(server, tmp_path):
     started, _ = server
     code, _, text = run(started, tmp_path / "message", "message")
