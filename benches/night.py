@@ -40,8 +40,6 @@ SCREEN_TOWARD = 2.0
 NIGHT_S = 3600.0
 # the strongest suspect's share of alpha, the others splitting the rest (decisions/screening.py GatePlan)
 LEAD_SHARE = 0.8
-# why a suspect was not confirmed when the night ended before one more pair of it would
-NO_TIME_LEFT = "no time left in the night to confirm it"
 # the night's pair spread is taken at most this many times the spread within points (screening.night_scale)
 SPREAD_CAP = 2.0
 
@@ -57,7 +55,7 @@ def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_sus
                           screen_at=0.0, max_suspects=max_suspects, max_pairs=options.max_repeats,
                           min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
                           screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CAUCHY,
-                          lead_share=LEAD_SHARE, spread_cap=SPREAD_CAP)
+                          lead_share=LEAD_SHARE, spread_cap=SPREAD_CAP, night_end_undecided=True)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners
@@ -175,7 +173,7 @@ class Night:
         strongest is the point that got slower on most bad nights, and a confirmation that neither claims nor
         stops as not slower is leaning slower, so the time goes to it rather than being held back for the
         suspects after it. A suspect whose pair (at its screen's seconds a pair) no longer fits in what is left is
-        stored as skipped, and is `not confirmed`."""
+        stored as skipped: `undecided`, as is one the night ends before it decides."""
         pair_s = pair_s or {}
         unclaimed = [self.plan.confirmation(len(chosen), done) for done in range(len(chosen))]
         self.say(f"confirming {len(chosen)} suspect{'s' if len(chosen) > 1 else ''}, at alpha "
@@ -191,8 +189,8 @@ class Night:
             records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in SIDES}
             deadline = started + budget_s
             if deadline - self.clock() < max(pair_s.get(suspect.point_key, 0.0), 1e-9):
-                reason = (f"{NO_TIME_LEFT}: {max(0.0, deadline - self.clock()):.0f} s left, "
-                          f"{pair_s.get(suspect.point_key, 0.0):.0f} s a pair")
+                reason = (f"{max(0.0, deadline - self.clock()):.0f} s of the night left, a pair takes "
+                          f"{pair_s.get(suspect.point_key, 0.0):.0f} s")
                 for side in SIDES:
                     records[side].status, records[side].reason = "skipped", reason
                 confirmed[suspect.key] = PointVerdict(suspect.key, suspect.label, "skipped", reason)

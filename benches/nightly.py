@@ -6,7 +6,7 @@ only calls them and each can be tested without a runner.
     rlperf gate --suite nightly --baseline COMMIT --out DATA --summary gate.json   # (not a step here)
     python -m benches.nightly check-run --store S --run ID     # complete, every point measured
     python -m benches.nightly publish --data D --summary gate.json --out report   # status, job summary, history
-    python -m benches.nightly promote --data D --commit SHA [--first-night]
+    python -m benches.nightly promote --data D --commit SHA [--first-night] [--summary gate.json]
     python -m benches.nightly keep-logs --data D --summary gate.json --into report/logs
     python -m benches.nightly gate --status N --step bench=success ...
 
@@ -176,9 +176,16 @@ def publish(args: argparse.Namespace) -> int:
 
 
 def promote(args: argparse.Namespace) -> int:
-    """Makes a commit this machine's baseline. With --first-night, only when the machine has none yet."""
+    """Makes a commit this machine's baseline. With --first-night, only when the machine has none yet; with
+    --summary, only when that gate's night passed: a night that regressed, or could not measure or decide a
+    point, is never a baseline."""
     from benches.worktrees import resolve_commit
 
+    if args.summary is not None:
+        summary = read_summary(args.summary)
+        if summary.get("exit_code") != 0:
+            raise StepFailed(f"not promoted: the night did not pass (exit {summary.get('exit_code')}): "
+                             f"{summary.get('conclusion', '')}")
     data = data_dir(args.data)
     old = read_baseline(data)
     if args.first_night and old:
@@ -226,8 +233,8 @@ def gate(args: argparse.Namespace) -> int:
     if args.status == "1":
         errors.append(f"a point regressed against baseline {args.baseline or '?'}: see the job summary")
     elif args.status == "3":
-        errors.append("the gate could not measure every point (a process failed, or too few quiet pairs): "
-                      "see the job summary")
+        errors.append("the gate could not measure or decide every point (a process failed, too few quiet pairs, "
+                      "or the night ended before a suspect was decided): see the job summary")
     elif args.status != "0":
         errors.append(f"the gate did not finish (status {args.status or 'not written'})")
     for error in errors:
@@ -260,6 +267,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_argument("--data")
     sub.add_argument("--commit", required=True, help="a commit (any git ref) of this repository")
     sub.add_argument("--first-night", action="store_true", help="only when the machine has no baseline yet")
+    sub.add_argument("--summary", type=Path, help="the gate's --summary file: promote only when its night passed")
     sub.set_defaults(func=promote)
     sub = steps.add_parser("keep-logs", help="copy the gate's runs' logs next to the report")
     sub.add_argument("--data")

@@ -62,10 +62,9 @@ studies/gate_power.py at that noise, the slowed point reached its confirmation o
 nearly all of those: what still loses it is the screen. None of this touches the guarantee, which rests on the
 confirmation alone.
 
-Why a confirmation cut short by the night is `not confirmed`. The time is the night's, spent on suspects that
-are mostly unchanged points, the strongest first; one that ends before its first look because the time ran out
-has measured what it was given, and one the night left no time for at all (stored as skipped) has measured
-nothing it could claim from. Only contended processes that kept it short of its first look (it would have
+Why a suspect the night ran out of time for is `undecided`, and fails the job. A slowed point is a suspect on
+most bad nights, so a night too short to decide its suspects would pass the slowdowns it found: a night that
+ends first is never green. Contended processes that kept a confirmation short of its first look (it would have
 reached it had they been quiet) make it `could not measure`.
 
 Why pairs. Both commits meet the same night, so a slow night slows both sides of every pair alike; with the
@@ -73,9 +72,10 @@ order inside each pair drawn at random the confirmation's test is exact whatever
 nights compared as if exchangeable cry wolf on every slow night (about a quarter of 56-point nights, with 3%
 night offsets and 2% process noise).
 
-A point is `regressed` (the job fails), `passed` (not a suspect), `not confirmed` (a suspect that confirmation
-showed not slower, or left undecided: reported, never failed), `could not measure` (a process failed, or too
-few quiet pairs to judge: the job fails with its own exit code rather than pass silently) or `skipped` (the
+A point is `regressed` (the job fails, exit 1), `passed` (not a suspect), `not confirmed` (a suspect that
+confirmation showed not slower, or left inconclusive at its most pairs, or one beyond `max_suspects`: reported,
+never failed), `undecided` (a suspect the night ended before its confirmation decided: exit 3), `could not
+measure` (a process failed, or too few quiet pairs to judge: exit 3, rather than pass silently) or `skipped` (the
 machine cannot run it, e.g. more GPUs than it has).
 """
 
@@ -94,8 +94,8 @@ from decisions.verdicts import PointVerdict, contention_note, judge_pair_point, 
 from rlperf.store import Store, point_label
 
 GATE = "gate"
-REGRESSED, PASSED, NOT_CONFIRMED, UNMEASURED, SKIPPED = ("regressed", "passed", "not confirmed",
-                                                          "could not measure", "skipped")
+REGRESSED, PASSED, NOT_CONFIRMED, UNMEASURED, UNDECIDED, SKIPPED = (
+    "regressed", "passed", "not confirmed", "could not measure", "undecided", "skipped")
 EXIT_PASSED, EXIT_REGRESSED, EXIT_UNMEASURED = 0, 1, 3
 
 
@@ -132,6 +132,9 @@ class GatePlan:
     # (relative_spreads): the screen weighs a point's pairs at the night's spread times this; empty in plans stored
     # before, or where the earlier nights do not tell the points apart: one spread for every point
     point_spreads: dict[str, float] = field(default_factory=dict)
+    # a suspect the night ended before its confirmation decided is `undecided`, which fails the job as `could not
+    # measure` does; False in plans stored before: `not confirmed`, which passed
+    night_end_undecided: bool = False
 
     def shares(self, suspects: int) -> list[float]:
         """Each suspect's own share of alpha, in the order they are confirmed."""
@@ -389,7 +392,7 @@ def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan:
             verdict.note = (f"too few quiet pairs: {point.quiet} of {point.pairs} (at least {plan.min_quiet}); "
                             f"the others ran on a contended machine")
         elif point.key in designs:
-            confirm_point(verdict, confirmed.get(point.key), designs[point.key])
+            confirm_point(verdict, confirmed.get(point.key), designs[point.key], plan.night_end_undecided)
         elif point.suspect:
             verdict.status = NOT_CONFIRMED
             verdict.note = f"a suspect beyond the {plan.max_suspects} the gate confirms"
@@ -397,7 +400,10 @@ def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan:
     return out
 
 
-def confirm_point(verdict: GateVerdict, confirmation: PointVerdict | None, design: sequential.Design) -> None:
+def confirm_point(verdict: GateVerdict, confirmation: PointVerdict | None, design: sequential.Design,
+                  night_end_undecided: bool = False) -> None:
+    """A suspect's verdict from its confirmation; with `night_end_undecided`, one the night ended before it decided
+    (no pair at all, or fewer pairs than its design's most and no stop) is `undecided`."""
     verdict.confirmation = confirmation
     if confirmation is None:
         verdict.status, verdict.note = UNMEASURED, "a suspect whose confirmation was not measured"
@@ -411,9 +417,24 @@ def confirm_point(verdict: GateVerdict, confirmation: PointVerdict | None, desig
         verdict.status = UNMEASURED
         verdict.note = (f"confirmation reached {confirmation.decision.pairs} quiet pairs, short of its first look "
                         f"at {design.looks[0]}: {confirmation.reason}")
+    elif night_end_undecided and confirmation.status == "skipped":
+        verdict.status, verdict.note = UNDECIDED, f"the night ended before its first pair: {confirmation.reason}"
+    elif night_end_undecided and cut_short(confirmation, design):
+        pairs = confirmation.decision.pairs + sum(confirmation.contended)
+        verdict.status = UNDECIDED
+        verdict.note = (f"the night ended after {pairs} of its pairs, {confirmation.decision.pairs} of them quiet, "
+                        f"of the {design.max_pairs} its design allows: {confirmation.reason}")
     else:
         verdict.status = NOT_CONFIRMED
         verdict.note = f"confirmation: {confirmation.status}; {confirmation.reason}".rstrip("; ")
+
+
+def cut_short(confirmation: PointVerdict, design: sequential.Design) -> bool:
+    """A confirmation that ended inconclusive before its design's most pairs: only the night's end stops one
+    there (a failed process is its own status)."""
+    decision = confirmation.decision
+    return (confirmation.status == sequential.INCONCLUSIVE and decision is not None
+            and decision.pairs + sum(confirmation.contended) < design.max_pairs)
 
 
 def conclusion(found: list[GateVerdict]) -> str:
@@ -427,12 +448,20 @@ def conclusion(found: list[GateVerdict]) -> str:
     if named(REGRESSED):
         return "gate: regressed: " + "; ".join(
             f"{v.point} {v.confirmation.sps.relative:+.1%}" for v in named(REGRESSED))
+    failed = []
     if named(UNMEASURED):
-        return f"gate: could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(
-            f"{v.point} ({v.note})" for v in named(UNMEASURED))
+        failed.append(f"could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(
+            f"{v.point} ({v.note})" for v in named(UNMEASURED)))
+    if named(UNDECIDED):
+        failed.append(f"undecided {count(named(UNDECIDED), 'suspect')} (the night ended first: raise --night-s): "
+                      + "; ".join(f"{v.point} ({v.note.split(': ')[0]})" for v in named(UNDECIDED)))
+    if failed:
+        return "gate: " + "; ".join(failed)
     confirmed = [v for v in found if v.confirmation is not None]
+    beyond = [v for v in found if v.status == NOT_CONFIRMED and v.confirmation is None]
     return (f"gate: no point got slower ({count(found, 'point')}, {len(named(SKIPPED))} skipped, "
-            f"{count(confirmed, 'suspect')} not confirmed)")
+            f"{count(confirmed, 'suspect')} not confirmed"
+            + (f"; beyond those confirmed: {', '.join(v.point for v in beyond)}" if beyond else "") + ")")
 
 
 def summary_row(verdict: GateVerdict) -> dict:
@@ -515,7 +544,7 @@ def exit_code(found: list[GateVerdict]) -> int:
     statuses = {v.status for v in found}
     if REGRESSED in statuses:
         return EXIT_REGRESSED
-    return EXIT_UNMEASURED if UNMEASURED in statuses else EXIT_PASSED
+    return EXIT_UNMEASURED if statuses & {UNMEASURED, UNDECIDED} else EXIT_PASSED
 
 
 # ---- what the gate can detect -----------------------------------------------------------------------------------

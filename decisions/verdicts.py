@@ -55,8 +55,9 @@ from rlperf.store import point_label
 MIN_PHASE_GROWTH_SHARE = 0.02
 DEFAULT_CONFIG = TrainConfig().to_dict()
 OUTCOMES = ("regressed", "improved", "unchanged", "not slower", "inconclusive")
-# a gate's verdicts (decisions/screening.py) speak of points passed, not confirmed, not measured or skipped
-STATUSES = OUTCOMES + ("passed", "not confirmed", "could not measure", "skipped", "new", "missing", "failed")
+# a gate's verdicts (decisions/screening.py) speak of points passed, not confirmed, undecided, not measured or skipped
+STATUSES = OUTCOMES + ("passed", "not confirmed", "undecided", "could not measure", "skipped", "new", "missing",
+                       "failed")
 
 
 @dataclass(frozen=True)

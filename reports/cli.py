@@ -99,7 +99,7 @@ def print_gate(console, found, plan) -> None:
     from decisions.verdicts import fmt_interval
 
     colors = {screening.REGRESSED: "bold red", screening.PASSED: "green", screening.NOT_CONFIRMED: "yellow",
-              screening.UNMEASURED: "magenta", screening.SKIPPED: "dim"}
+              screening.UNMEASURED: "magenta", screening.UNDECIDED: "magenta", screening.SKIPPED: "dim"}
     table = Table(title="gate: did any point get slower?")
     for column in ("point", "status", "screen (pairs)", "pair noise", "confirmation (pairs)", "detects"):
         table.add_column(column, no_wrap=True)

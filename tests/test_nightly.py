@@ -179,6 +179,18 @@ def test_promote_takes_only_a_commit_and_the_first_night_once(night, tmp_path, c
     assert (data / "baseline").read_text() == parent + "\n"  # the first night happens once
     assert step("promote", "--data", str(data), "--commit", "HEAD") == 0
     assert (data / "baseline").read_text() == head + "\n"
+    # a night that did not pass is never a baseline, whatever the step's condition in the workflow says
+    capsys.readouterr()
+    for code in (1, 3):
+        summary = tmp_path / f"exit-{code}.json"
+        write_summary(summary, {"runs": {"screen_new": run_id}, "exit_code": code, "conclusion": "gate: undecided"})
+        assert step("promote", "--data", str(data), "--commit", "HEAD~1", "--summary", str(summary)) == 1
+        assert f"not promoted: the night did not pass (exit {code}): gate: undecided" in capsys.readouterr().out
+        assert (data / "baseline").read_text() == head + "\n"
+    passed = tmp_path / "passed.json"
+    write_summary(passed, {"runs": {"screen_new": run_id}, "exit_code": 0, "conclusion": "gate: no point got slower"})
+    assert step("promote", "--data", str(data), "--commit", "HEAD~1", "--summary", str(passed)) == 0
+    assert (data / "baseline").read_text() == parent + "\n"
 
 
 def test_locate_names_the_baseline_commit_and_keep_logs_only_the_gates_runs(night, tmp_path, capsys, monkeypatch):
