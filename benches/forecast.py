@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from benches.suite import Point
 from decisions import screening as rules
 from decisions.screening import GatePlan
+from rlperf.errors import BadInput
 from rlperf.store import Store
 
 # Processes per point a forecast is taken from (the newest first), and how many runs back it looks for them.
@@ -130,6 +131,93 @@ def predict(store: Store, machine_key: str, points: Iterable[Point], plan: GateP
     refine = (2 * plan.refine_pairs * sum(by_cost[:leaders]),
               2 * plan.refine_pairs * sum(by_cost[len(by_cost) - leaders:]))
     return Forecast(costs, suspects, fallback_s, night_s, refine)
+
+
+@dataclass(frozen=True)
+class NightFit:
+    """A night planned to fit: each point's screen pairs, those cut, and the suspects it confirms."""
+
+    pairs: dict[str, int]  # by point key
+    cut: dict[str, tuple[int, int]]  # point key -> (pairs before, after), for the points given fewer
+    suspects: int  # the most suspects confirmed
+    screen_s: tuple[float, float]  # the screen's processes before and after
+    refine_s: float  # the refinement at the median process
+    reserve_s: float  # kept for the confirmation: each suspect's first look at the costliest points' pairs
+
+
+def confirmation_reserve_s(plan: GatePlan, suspects: int, costs: list[float]) -> float:
+    """What a night keeps for confirming `suspects` suspects: each reaching its design's first look, the strongest
+    at the costliest point's pair, the next at the next costliest. A suspect the night ends before it decides fails
+    the job, so a night that keeps less fails clean nights whose suspects are costly points."""
+    costliest = sorted(costs, reverse=True)
+    return sum(plan.confirmation(suspects, index).looks[0] * 2 * costliest[min(index, len(costliest) - 1)]
+               for index in range(suspects))
+
+
+def fit_night(costs: dict[str, float], pairs: dict[str, int], plan: GatePlan, night_s: float,
+              spreads: dict[str, float] | None = None, fixed: frozenset[str] = frozenset(),
+              fewer_suspects: bool = True) -> NightFit:
+    """The night fitted into `night_s`: the screen (`pairs`, by point key, a process of each point costing
+    `costs[key]` seconds), the refinement and the confirmation's reserve. Screen pairs go first, a pair at a time,
+    down to `plan.min_quiet`, never from a point already screened (`fixed`): each cut is the pair whose loss widens
+    its point's estimate least for the seconds it saves, so from the points whose earlier screens were quiet
+    (`spreads`, relative to the others'), the costliest, and those with the most pairs. Then, with
+    `fewer_suspects`, the suspects confirmed, down to one. BadInput (naming --night-s) when nothing fits."""
+    spreads = spreads or {}
+    median_s = median(costs.values())
+    leaders = min(plan.refine_points, len(costs)) if plan.refine_pairs else 0
+    refine_s = 2 * plan.refine_pairs * leaders * median_s
+
+    def screen_s(given: dict[str, int]) -> float:
+        return sum(2 * given[key] * costs[key] for key in costs)
+
+    def widening(key: str) -> float:  # the variance a point's estimate gains by its last pair, per second saved
+        given = fitted[key]
+        return spreads.get(key, 1.0) ** 2 / (given * (given - 1)) / costs[key]
+
+    fewest = screen_s({key: pairs[key] if key in fixed else min(pairs[key], plan.min_quiet) for key in costs})
+    suspects = max(1, plan.max_suspects)
+    while fewer_suspects and suspects > 1 and \
+            fewest + refine_s + confirmation_reserve_s(plan, suspects, list(costs.values())) > night_s:
+        suspects -= 1
+    reserve_s = confirmation_reserve_s(plan, suspects, list(costs.values()))
+    if fewest + refine_s + reserve_s > night_s:
+        raise BadInput(
+            f"night-s: {night_s:g} s cannot hold the screen at its fewest pairs ({plan.min_quiet} a point, "
+            f"{duration(fewest)}), the refinement ({duration(refine_s)}) and {duration(reserve_s)} for "
+            f"{'the suspects' if suspects > 1 else 'a suspect'} to reach a first look: raise --night-s to at least "
+            f"{math.ceil(fewest + refine_s + reserve_s)}, or gate fewer points")
+    fitted = dict(pairs)
+    while screen_s(fitted) + refine_s + reserve_s > night_s:
+        fitted[min((key for key in costs if key not in fixed and fitted[key] > plan.min_quiet), key=widening)] -= 1
+    cut = {key: (pairs[key], fitted[key]) for key in costs if fitted[key] != pairs[key]}
+    return NightFit(fitted, cut, suspects, (screen_s(pairs), screen_s(fitted)), refine_s, reserve_s)
+
+
+def fit_line(fit: NightFit, points: list[Point], plan: GatePlan, night_s: float,
+             history: dict[str, list[tuple]]) -> str | None:
+    """What the fit cut and what it costs: the suspects confirmed, the points given fewer pairs, and the smallest
+    slowdown each then flags 95% of the times at its pair spread on earlier nights (the median point's where it
+    has none); None when nothing was cut."""
+    if not fit.cut and fit.suspects == plan.max_suspects:
+        return None
+    from dataclasses import replace
+
+    known = {key: spread for key, nights in history.items() if math.isfinite(spread := rules.spread_within(nights))}
+    typical = median(known.values()) if known else None
+    costs = []
+    for point in points:
+        if point.key in fit.cut and (spread := known.get(point.key, typical)) is not None:
+            before, after = (rules.detectable(replace(plan, screen_pairs=pairs), spread) for pairs in fit.cut[point.key])
+            costs.append(f"{point.label} {fit.cut[point.key][0]} -> {fit.cut[point.key][1]} pairs, detecting "
+                         f"{after:.1%} rather than {before:.1%}")
+    cost = "; ".join(costs) if costs else "no earlier screen here tells what that costs in detectable change"
+    suspects = (f"{fit.suspects} suspect confirmed rather than {plan.max_suspects} (a suspect beyond is listed, not "
+                f"confirmed); " if fit.suspects < plan.max_suspects else "")
+    cut = (f"{len(fit.cut)} point{'s get' if len(fit.cut) > 1 else ' gets'} fewer pairs, the screen "
+           f"{duration(fit.screen_s[0])} -> {duration(fit.screen_s[1])}: {cost}" if fit.cut else "every screen pair kept")
+    return (f"night: fitted to {duration(night_s)}, keeping {duration(fit.reserve_s)} for the suspects' first looks "
+            f"at the costliest points: {suspects}{cut}")
 
 
 def unknown(store: Store, machine_key: str) -> str:

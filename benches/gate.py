@@ -122,16 +122,36 @@ class Gate:
                 return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
                                         allocation)
 
+            def fitted(heading: str = "forecast", fixed: frozenset[str] = frozenset()) \
+                    -> tuple[forecast.Forecast | None, list[str]]:
+                """The forecast, and what it says, once the night is fitted to leave the confirmation its reserve:
+                fewer screen pairs, and before any point is screened fewer suspects (a refusal, exit 2, where
+                nothing fits)."""
+                nonlocal plan
+                predicted = forecast_night()
+                if predicted is None:
+                    return None, []
+                costs = {point.key: cost.process_s for point, cost in zip(runnable, predicted.points)}
+                fit = forecast.fit_night(costs, allocation, plan, self.night_s, plan.point_spreads, fixed,
+                                         fewer_suspects=not fixed)
+                line = forecast.fit_line(fit, runnable, plan, self.night_s, history)
+                allocation.update(fit.pairs)
+                plan = replace(plan, max_suspects=fit.suspects)
+                predicted = forecast_night()
+                return predicted, ([line] if line else []) + predicted.lines(heading)
+
             def record(stage: str, side: str, point_record: PointRecord) -> None:
                 nonlocal predicted
                 store.record_point(self.runs[(stage, side)], point_record)
                 if predicted is None and stage == "screen" and side == SIDES[-1]:
-                    predicted = forecast_night()  # a machine the store knew nothing of: from this point on
-                    for line in predicted.lines("forecast from the screen's first point") if predicted else []:
+                    # a machine the store knew nothing of: from this point on
+                    predicted, lines = fitted("forecast from the screen's first point",
+                                              frozenset({point_record.point_key}))
+                    for line in lines:
                         self.say(line)
 
-            predicted = forecast_night()  # from the runs before tonight's
-            foreword = predicted.lines() if predicted else [forecast.unknown(store, machine_key(current))]
+            predicted, foreword = fitted()  # from the runs before tonight's
+            foreword = foreword or [forecast.unknown(store, machine_key(current))]
             create("screen")
             self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                      f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
@@ -146,7 +166,7 @@ class Gate:
                 if predicted is not None:
                     self.say(predicted.review(store, self.runs, time.monotonic() - started))
                 measure_run_peaks(store, machine_key(current), self.runs[("screen", "new")], self.say)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, BadInput):  # interrupted, or refused once the first point forecast the night
                 for run_id in self.runs.values():
                     store.finish_run(run_id, "interrupted")
                 raise

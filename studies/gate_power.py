@@ -18,8 +18,10 @@ every point gets `--screen-pairs`, all read at the night's one spread).
 
 Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
 studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
-forecast takes from a store of real nights, such as a runner's; or `--process-s`), so the night's seconds
-(`--night-s`) cut confirmations short as they would on the runner. Each night draws from its own seed (`--seed`
+forecast takes from a store of real nights, such as a runner's; or `--process-s`; `--walls-scale 2` doubles them),
+so the night's seconds (`--night-s`) cut confirmations short as they would on the runner, and the screen is
+fitted to the night as the gate fits it (benches/forecast.py fit_night). `--side-offset SD` gives each side an
+offset its processes share for the whole night, which pairs do not cancel. Each night draws from its own seed (`--seed`
 and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired.
 On bad nights it says where the slowed point went (caught, not a suspect in the screen, a suspect beyond those
 confirmed, one the night had no time left for, or its confirmation's end: inconclusive at the night's end or at
@@ -78,6 +80,12 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
     history = drawn_history(night, machine, points, history_nights, seed)
     night.screen_pairs = rules.screen_allocation(history, plan)
     night.plan = plan = replace(plan, point_spreads=rules.relative_spreads(history))
+    fit = None
+    if walls or process_s:  # the screen fitted to the night as the gate fits it to its forecast
+        costs = {point.key: walls.get(point.key, process_s) for point in points}
+        fit = forecast.fit_night(costs, night.screen_pairs, plan, night_s, plan.point_spreads)
+        night.screen_pairs = fit.pairs
+        night.plan = plan = replace(plan, max_suspects=fit.suspects)
     screen_processes = 2 * sum(night.screen_pairs.values())
     outcome = {"null": Counter(), "slowed": Counter()}
     processes = {"null": [], "slowed": []}
@@ -111,6 +119,8 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         exit_code = rules.exit_code(found)
         tally = outcome[kind]
         tally["nights"] += 1
+        tally[f"exit {exit_code}"] += 1
+        tally["undecided"] += any(v.status == rules.UNDECIDED for v in found)
         tally["job failed"] += exit_code != rules.EXIT_PASSED
         tally["could not measure"] += exit_code == rules.EXIT_UNMEASURED
         tally["suspects"] += sum(v.confirmation is not None for v in found)
@@ -131,6 +141,15 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
                 tally["estimate sum"] += verdicts[slowed.key].confirmation.sps.relative
     null, bad = outcome["null"], outcome["slowed"]
     return {
+        "exit codes": {kind: {code: rate(tally[f"exit {code}"], tally["nights"]) for code in (0, 1, 3)}
+                       for kind, tally in (("null", null), ("slowed", bad))},
+        "nights with an undecided suspect": {kind: rate(tally["undecided"], tally["nights"])
+                                             for kind, tally in (("null", null), ("slowed", bad))},
+        "screen fitted to the night": None if fit is None else {
+            "cut": {next(p.label for p in points if p.key == key): f"{before} -> {after}"
+                    for key, (before, after) in fit.cut.items()},
+            "suspects": fit.suspects, "screen_s": fit.screen_s, "refine_s": fit.refine_s,
+            "reserve_s": fit.reserve_s},
         "false night": rate(null["false night"], null["nights"]),
         "null night failed (any cause)": rate(null["job failed"], null["nights"]),
         "null night could not measure": rate(null["could not measure"], null["nights"]),
@@ -184,6 +203,8 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
         return "not a suspect in the screen"
     if confirmation is None and verdict.status == rules.NOT_CONFIRMED:
         return f"a suspect beyond the {plan.max_suspects} confirmed"
+    if verdict.status == rules.UNDECIDED:
+        return "undecided: the night ended before its confirmation decided"
     if confirmation is not None and confirmation.status == "skipped":
         return "a suspect the night had no time left to confirm"
     if confirmation is None or confirmation.decision is None:
@@ -278,6 +299,13 @@ def main() -> None:
     parser.add_argument("--outside-s", type=float,
                         help="with --walls-from: the harness's wall outside the trainer per process (default: the "
                              "median measured there, fresh processes)")
+    parser.add_argument("--walls-scale", type=float, default=1.0,
+                        help="every process's wall times this (2: a runner, or a commit, twice as slow)")
+    parser.add_argument("--side-offset", type=float, default=0.0,
+                        help="log SD of an offset one side's processes share for a whole night (default 0)")
+    parser.add_argument("--night-end", choices=("undecided", "not-confirmed"), default="undecided",
+                        help="what a suspect the night ran out of time for is: undecided (exit 3, the gate's rule) or "
+                             "not confirmed (exit 0, the rule of plans stored before it)")
     parser.add_argument("--process-s", type=float, default=0.0,
                         help="the wall of every process without --walls-from (default 0: no budget binds)")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
@@ -302,7 +330,9 @@ def main() -> None:
               if args.gpus is None or point.config["world_size"] <= args.gpus][:args.points]
     plan = gate_plan(ProcessOptions(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_repeats=args.max_repeats),
                      args.screen_pairs, args.max_suspects, args.refine_points)
-    plan = replace(plan, lead_share=args.lead_share, statistic=args.statistic)
+    plan = replace(plan, lead_share=args.lead_share, statistic=args.statistic,
+                   night_end_undecided=args.night_end == "undecided")
+    noise = replace(noise, side_night=args.side_offset)
     if args.ranking == "estimate":
         plan = replace(plan, ranking="estimate", screen_at=args.screen_at, screen_toward=0.0)
     started = time.monotonic()
@@ -315,15 +345,22 @@ def main() -> None:
         except ValueError as error:
             print(error, file=sys.stderr)
             raise SystemExit(2)
-    results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls, args.process_s,
-                       args.night_s, graphed_noise, args.history_nights)
+    walls = {key: wall * args.walls_scale for key, wall in walls.items()}
+    try:
+        results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls,
+                           args.process_s * args.walls_scale, args.night_s, graphed_noise, args.history_nights)
+    except BadInput as refused:
+        print(refused, file=sys.stderr)
+        raise SystemExit(2)
     graphed = {"graphed points": sum(bool(point.config.get("cuda_graphs")) for point in points),
                "graphed noise": asdict(graphed_noise),
                "graphed noise check": noise_check(graphed_noise, 20_000, args.seed)} if graphed_noise else {}
     results = {"suite": args.suite, "points": len(points), "noise": asdict(noise),
                "noise check": noise_check(noise, 20_000, args.seed), **graphed, "slowdown": args.slowdown,
                "plan": plan.to_dict(), "history nights": args.history_nights, "night_s": args.night_s,
+               "side offset": args.side_offset,
                "process walls": {"from": str(args.walls_from or args.walls_store or "") or None,
+                                 "scale": args.walls_scale,
                                  "outside the trainer": args.outside_s,
                                  "median": float(np.median(list(walls.values()))) if walls else args.process_s},
                "seconds": time.monotonic() - started, **results}

@@ -6,6 +6,8 @@ The model, on the log scale of SPS, for each process:
 - the point's own level, times the slowdown its side's code has there;
 - the night's offset (clocks, thermals, a driver, a neighbour: every point of the night), and the point's own
   offset that night (a compile cache, a memory layout), both drawn once per night;
+- each side's offset for the night (`side_night`: what one side's processes alone share, such as a fork server
+  of its own or its checkout's path), which pairs do not cancel;
 - the process's luck: Student-t (heavy tails) scaled to `process` SD, and correlated with the process before
   it (`drift`: consecutive processes on this machine correlate about 0.6 at one thread);
 - now and then a neighbour (`contended` of processes), slowing it 1.3 to 3 times; the interference monitor
@@ -43,6 +45,7 @@ class Noise:
     unflagged: float = 0.2  # share of those the interference monitor misses
     wide_share: float = 0.0  # share of processes whose luck is drawn at `wide` SD instead of `process`
     wide: float = 0.0  # log SD of those processes' luck
+    side_night: float = 0.0  # log SD of an offset one side's processes share for a night
 
 
 # The noise this machine showed (README, "Measured here") and the noise of a GPU runner the issue describes.
@@ -91,6 +94,7 @@ class SimulatedMachine:
     luck: float = 0.0
     night_offset: float = 0.0
     point_offsets: dict[str, float] = field(default_factory=dict)
+    side_offsets: dict[str, float] = field(default_factory=dict)
     walls: dict[str, float] = field(default_factory=dict)
     process_s: float = 0.0
     now: float = 0.0
@@ -109,6 +113,9 @@ class SimulatedMachine:
             self.luck = self._shock()
         self.night_offset = self.rng.normal(0, self.noise.night)
         self.point_offsets = {}
+        # drawn only where the model has them, so nights without side offsets draw what they always drew
+        self.side_offsets = {side: self.rng.normal(0, self.noise.side_night) for side in ("ref", "new")} \
+            if self.noise.side_night else {}
 
     def noise_of(self, point: Point) -> Noise:
         return self.graphed_noise if self.graphed_noise and point.config.get("cuda_graphs") else self.noise
@@ -129,7 +136,8 @@ class SimulatedMachine:
         if point.key not in self.point_offsets:
             self.point_offsets[point.key] = self.rng.normal(0, noise.point_night)
         self.luck = noise.drift * self.luck + math.sqrt(1 - noise.drift ** 2) * self._shock(noise)
-        level = math.log(self.base_sps) + _point_level(point.key) + self.night_offset + self.point_offsets[point.key]
+        level = (math.log(self.base_sps) + _point_level(point.key) + self.night_offset + self.point_offsets[point.key]
+                 + self.side_offsets.get(side, 0.0))
         luck = noise.process * self.luck
         if noise.wide_share and self.rng.random() < noise.wide_share:
             luck = noise.wide * self.rng.normal()

@@ -13,6 +13,7 @@ from benches import suite as suites
 from benches.night import MAX_SUSPECTS, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, gate_plan
 from benches.options import ProcessOptions
 from decisions import screening as rules
+from rlperf.errors import BadInput
 from rlperf.store import PointRecord, Store
 
 SUITE = """
@@ -192,3 +193,59 @@ def test_earlier_gate_screens_share_out_the_screen_and_the_forecast_counts_each_
 @pytest.mark.parametrize("seconds, text", [(7.4, "7 s"), (125, "2 min 05 s"), (3 * 3600 + 15 * 60, "3 h 15 min")])
 def test_durations_read_as_a_person_would_say_them(seconds, text):
     assert forecast.duration(seconds) == text
+
+
+def test_a_night_that_holds_its_screen_and_the_suspects_first_looks_keeps_every_pair():
+    plan = gate_plan(ProcessOptions())
+    costs = {"a": 10.0, "b": 10.0, "c": 20.0, "d": 30.0}
+    fit = forecast.fit_night(costs, {key: 3 for key in costs}, plan, 3600.0)
+    assert fit.cut == {} and fit.pairs == {key: 3 for key in costs} and fit.suspects == plan.max_suspects
+    assert fit.screen_s == (420.0, 420.0) and fit.refine_s == 2 * REFINE_PAIRS * 4 * 15.0
+    # the lead's first look at the costliest point's pair, the second suspect's at the next costliest
+    assert fit.reserve_s == plan.confirmation(2, 0).looks[0] * 60.0 + plan.confirmation(2, 1).looks[0] * 40.0
+
+
+def test_a_night_too_short_takes_screen_pairs_from_quiet_points_first_then_suspects_then_refuses():
+    plan = gate_plan(ProcessOptions())
+    costs = {"quiet": 10.0, "loud": 10.0, "costly": 40.0, "done": 10.0}
+    pairs = {"quiet": 3, "loud": 4, "costly": 3, "done": 3}
+    spreads = {"quiet": 0.4, "loud": 1.5, "costly": 1.0, "done": 0.4}
+    roomy = forecast.fit_night(costs, pairs, plan, 1e9, spreads)
+    night_s = roomy.screen_s[0] + roomy.refine_s + roomy.reserve_s - 15.0  # less than an ordinary pair too long
+    fit = forecast.fit_night(costs, pairs, plan, night_s, spreads, fixed=frozenset({"done"}))
+    assert fit.cut == {"quiet": (3, 2)} and fit.suspects == 2  # quiet, and a cheap pair loses least per second
+    assert fit.screen_s[1] + fit.refine_s + fit.reserve_s <= night_s
+    shorter = forecast.fit_night(costs, pairs, plan, night_s - 100.0, spreads, fixed=frozenset({"done"}))
+    assert shorter.pairs["done"] == 3 and shorter.pairs["quiet"] == plan.min_quiet
+    assert shorter.cut["costly"] == (3, 2) and shorter.suspects == 2  # a costly pair saves the most seconds
+    assert shorter.screen_s[1] + shorter.refine_s + shorter.reserve_s <= night_s - 100.0
+    # where two suspects' first looks cannot fit beside the fewest pairs, one suspect is confirmed
+    fewest = sum(2 * 2 * cost for cost in costs.values())
+    one = forecast.fit_night(costs, pairs, plan, fewest + roomy.refine_s + plan.confirmation(1).looks[0] * 80.0,
+                             spreads)
+    assert one.suspects == 1 and one.pairs == {key: 2 for key in costs}
+    with pytest.raises(BadInput) as refused:  # not before a point is screened: its plan is stored
+        forecast.fit_night(costs, pairs, plan, one.screen_s[1] + one.refine_s + one.reserve_s, spreads,
+                           fixed=frozenset({"done"}), fewer_suspects=False)
+    with pytest.raises(BadInput) as refused:
+        forecast.fit_night(costs, pairs, plan, 600.0, spreads)
+    message = str(refused.value)
+    assert message.startswith("night-s: 600 s cannot hold the screen at its fewest pairs (2 a point, ")
+    needed = int(message.rsplit("at least ", 1)[1].split(",")[0])
+    assert forecast.fit_night(costs, pairs, plan, float(needed), spreads).pairs == {key: 2 for key in costs}
+
+
+def test_a_fitted_night_says_what_it_cut_and_what_each_cut_point_can_then_detect(points):
+    plan = gate_plan(ProcessOptions())
+    fit = forecast.NightFit({points[0].key: 2}, {points[0].key: (3, 2)}, 1, (600.0, 540.0), 60.0, 300.0)
+    history = {points[0].key: [(0.05, -0.02, 0.01), (0.0, 0.04, -0.03)]}
+    line = forecast.fit_line(fit, points, plan, 1800.0, history)
+    assert line.startswith("night: fitted to 30 min 00 s, keeping 5 min 00 s for the suspects' first looks at the "
+                           "costliest points: 1 suspect confirmed rather than 2 (a suspect beyond is listed, not "
+                           "confirmed); 1 point gets fewer pairs, the screen 10 min 00 s -> 9 min 00 s: "
+                           f"{points[0].label} 3 -> 2 pairs, detecting "), line
+    after, before = (float(part.split("%")[0]) for part in line.split("detecting ")[1].split(" rather than "))
+    assert after > before > 0
+    assert "no earlier screen here" in forecast.fit_line(fit, points, plan, 1800.0, {})
+    kept = forecast.NightFit({}, {}, plan.max_suspects, (1.0, 1.0), 0.0, 0.0)
+    assert forecast.fit_line(kept, points, plan, 60.0, {}) is None
