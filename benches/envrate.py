@@ -73,7 +73,7 @@ def measure(cfg: TrainConfig, steps: int, repeats: int, warmup_steps: int) -> di
             "obs_shape": first.obs_shape, "obs_dtype": first.obs_dtype.name}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benches.envrate", description=__doc__.splitlines()[0])
     for name in ENV_FIELDS:
         default = getattr(TrainConfig, name)
@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps of all envs per repeat (default 200)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs, their median reported (default 5)")
     parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps first (default 20)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         for name in ("steps", "repeats"):

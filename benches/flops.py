@@ -24,7 +24,7 @@ from rlperf.peaks import MEMORY, Peaks, needs_for_work
 from rlperf.store import utc_now
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--horizon", type=int, default=64)
@@ -38,6 +38,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--compile", action="store_true", help="train with torch.compile (compile time excluded)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     try:
         cfg = validate(TrainConfig(env="synthetic", num_envs=args.num_envs, horizon=args.horizon,

@@ -23,7 +23,7 @@ from rlperf.store import PointRecord, utc_now
 # Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, in a
 # night of an hour): 3 screen pairs a point on average (shared out by each point's noise on earlier nights, where
 # the store has them: decisions/screening.screen_allocation), 2 more for the 4 leaders, then what is left of the
-# night to confirm, the strongest suspect first and at LEAD_SHARE of alpha; README, "The gate", has the rates.
+# night to confirm, the strongest suspect first and at LEAD_SHARE of alpha; docs/decision-rules.md has the rates.
 # Without the refinement, the slowed point ranked behind two others or under the bar on 9.5% of bad nights;
 # refining 6 leaders lost more compiled points to the night's end than it saved from the screen; with 4 screen
 # pairs the screen took 43 minutes, and the compiled points, a pair costing over a minute, could not reach a claim

@@ -246,7 +246,7 @@ def gate(args: argparse.Namespace) -> int:
 
 # ---- command line --------------------------------------------------------------------------------------------
 
-def parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m benches.nightly", description=__doc__.splitlines()[0])
     steps = top.add_subparsers(dest="step", required=True)
     sub = steps.add_parser("locate", help="DATA and BASELINE lines for $GITHUB_ENV")
@@ -285,7 +285,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from rlperf.errors import BadInput
 
-    args = parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except StepFailed as failure:

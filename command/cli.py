@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sqlite3
 import sys
+from collections.abc import Iterable
 
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault
 
@@ -39,15 +40,20 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser(configured: Iterable[str] = ()) -> OneLineParser:
+    """Every subcommand is listed; only those in `configured` import their module and take their flags."""
     parser = OneLineParser(prog="rlperf", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
+        if name in configured:
             importlib.import_module(module_name).configure(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[:1] if argv and argv[0] in SUBCOMMANDS else ())
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -58,7 +58,7 @@ far out, on either side, count little; asked of "slowed by at least twice the th
 slowed by far more at the head of the queue. The bar a little below even odds lets in more points than the
 confirmation could take, so `max_suspects` decides what is confirmed, by rank. Simulated through
 studies/gate_power.py at that noise, the slowed point reached its confirmation on 94.8% of bad nights against
-91.5% by the estimate (README, "The gate"), and the confirmation, given what the night leaves, now claims it on
+91.5% by the estimate (docs/decision-rules.md), and the confirmation, given what the night leaves, now claims it on
 nearly all of those: what still loses it is the screen. None of this touches the guarantee, which rests on the
 confirmation alone.
 

@@ -51,17 +51,21 @@ def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict
     return sps, sampler_cpu_s / sampled_wall_s
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m profilers.sampler_cost", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs with the sampler on, and as many off")
+    parser.add_argument("--sample-hz", type=float, default=20.0)
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `rlperf train` options")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from rich.console import Console
     from rich.table import Table
     from scipy.stats import mannwhitneyu
 
-    parser = argparse.ArgumentParser(prog="python -m profilers.sampler_cost", description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="runs with the sampler on, and as many off")
-    parser.add_argument("--sample-hz", type=float, default=20.0)
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `rlperf train` options")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     sps, cpu_share = measure(train_args, args.repeats, args.sample_hz)
     table = Table(title=f"steady SPS, sampler at {args.sample_hz:g} Hz, {args.repeats} runs each, alternating")

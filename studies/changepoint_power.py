@@ -63,7 +63,7 @@ def rate(hits: int, trials: int) -> dict:
     return {"rate": hits / trials, "low": low, "high": high, "hits": hits, "trials": trials}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noise", type=float, default=0.02, help="log SD of one process's SPS")
     parser.add_argument("--offset", type=float, default=0.03, help="log SD of a run's offset (the night)")
@@ -73,7 +73,11 @@ def main() -> None:
     parser.add_argument("--histories", type=int, default=200, help="per length, half of them shifted")
     parser.add_argument("--alpha", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     rng = np.random.default_rng(args.seed)
     started = time.monotonic()
     results = []

@@ -261,7 +261,7 @@ def noise_check(noise: Noise, draws: int, seed: int) -> dict:
             "triple_as_far_as_seen": float(np.mean(np.sort(ratios, axis=1)[:, 1] >= seen))}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="nightly", help="the suite whose points are simulated (default nightly)")
     parser.add_argument("--points", type=int, help="simulate only the first N points of the suite")
@@ -318,7 +318,11 @@ def main() -> None:
                              f"--screen-pairs; default {forecast.HISTORY_NIGHTS}, what the gate weighs at most)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     try:
         noise = parse_noise(args.noise)
         graphed_noise = parse_noise(args.graphed_noise) if args.graphed_noise else None

@@ -117,7 +117,7 @@ def suite_false_alarms(samples: pd.DataFrame, points: int, n: int, draws: int, r
     return {"points": points, "n": n, "draws": draws, "runs_with_a_false_claim": runs_with_a_claim / draws}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="learning", help="suite whose point is measured (default learning)")
     parser.add_argument("--point", default=None, help="the point's key as stored (default: the suite's first)")
@@ -126,7 +126,11 @@ def main() -> None:
                         help="stop starting new processes after this many seconds (default 540)")
     parser.add_argument("--draws", type=int, default=1000, help="resampled comparisons per rate (default 1000)")
     parser.add_argument("--out", type=Path, default=Path("runs/learning-power"), help="processes and results.json")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     suite = suites.load(args.suite)
     point = next((p for p in suite.points if args.point in (None, p.key)), None)
     if point is None or point.config["target_return"] is None:

@@ -99,7 +99,7 @@ def modelled_processes(measurements: Path, points: list[suites.Point],
     return modelled
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measurements", type=Path, required=True,
                         help="the H100 measurements' folder (trainer/, gate/results.sqlite)")
@@ -115,7 +115,11 @@ def main() -> None:
                         help="pairs a night confirms on average (studies/gate_power.py), costed at the median "
                              "process of the suite")
     parser.add_argument("--peaks-s", type=float, default=49.8, help="seconds of peaks, the first night only")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     suite = suites.load(args.suite)
     points = [point for point in suite.points if point.config["world_size"] == 1]

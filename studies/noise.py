@@ -185,7 +185,7 @@ def analyse(pairs: list[tuple[dict, dict]]) -> dict:
             "pair_log_sd_adjusted_by_calibration": robust_sd(ratios - slope * calib_ratios)}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12, help="pairs of processes per lever (default 12)")
     parser.add_argument("--out", type=Path, default=Path("runs/noise.json"),
@@ -195,7 +195,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float,
                         help="on a GPU, start no round that would end past this many seconds (default: no limit)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # inside a measured process
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.one:
         print(json.dumps(one_process(json.loads(args.one))))
         return

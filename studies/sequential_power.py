@@ -162,7 +162,7 @@ def compare_statistics(noise: Noise, slowdown: float, counts: list[int], draws: 
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--noise", default="process=0.06,drift=0.6",
                         help="h100, gpu, or studies/simulated.Noise fields, e.g. process=0.12,drift=0.0,contended=0.02")
@@ -173,7 +173,11 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA / 2,
                         help="with --scores: the one-sided level (default 0.005, a confirmation of two suspects)")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     noise = parse_noise(args.noise)
     started = time.monotonic()
     if args.scores:

@@ -48,7 +48,7 @@ class Noise:
     side_night: float = 0.0  # log SD of an offset one side's processes share for a night
 
 
-# The noise this machine showed (README, "Measured here") and the noise of a GPU runner the issue describes.
+# The noise this machine showed (docs/decision-rules.md) and the noise of a GPU runner the issue describes.
 GPU_RUNNER = Noise(process=0.02, drift=0.3, night=0.03, point_night=0.01, contended=0.01)
 # The noise the H100 showed (measurements/h100-2026-11-24, README there): pairs of one eager point spreading by
 # 5.4% (1.059, 0.989, 0.954), three processes of one run at 512K, 467K and 402K SPS and of separate runs at

@@ -120,14 +120,18 @@ def sequential_rates(aa_pool: np.ndarray, slowed_pool: np.ndarray, rng: np.rando
             "slowed_p90_pairs": float(np.percentile([n for _, n in ab], 90))}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=64, help="plain processes (default 64)")
     parser.add_argument("--slowed", type=int, default=40, help="slowed processes, interleaved (default 40)")
     parser.add_argument("--slowdown", type=float, default=0.10, help="SPS lost to the injected delay (default 0.10)")
     parser.add_argument("--threads", type=int, default=0, help="trainer threads per process (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path("runs/verdict-power"), help="logs and results.json here")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     summaries = run_processes(args.out, args.pairs, args.slowed, args.slowdown, args.threads)

@@ -1,4 +1,4 @@
-"""What the README promises about `rlperf bench` and `rlperf train`, end to end on the CPU: SIGTERM marks a
+"""What the docs promise about `rlperf bench` and `rlperf train`, end to end on the CPU: SIGTERM marks a
 run interrupted and --resume finishes it; --resume with nothing to resume starts afresh; --baseline and
 RLPERF_BASELINE fail a bench that regressed, and a bad baseline stops it before any point runs; a
 `profile = true` suite fills the traces table; every bench ends with its report; --compile runs on a CPU;

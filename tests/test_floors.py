@@ -1,5 +1,5 @@
 """Imports flow one way: every module's imports, read from its source (those inside functions too), go to its
-own floor or one below, and no modules import each other in a circle. The floors, lowest first, are the README's
+own floor or one below, and no modules import each other in a circle. The floors, lowest first, are docs/layout.md's
 layout table."""
 
 from __future__ import annotations
