@@ -133,8 +133,9 @@ def night_offsets(nights: list[dict[str, list[float]]]) -> dict:
 
 # ---- the measurements -------------------------------------------------------------------------------------------
 
-def stored_nights(store_path: Path) -> list[dict[str, list[float]]]:
-    """Each gate night in the store: the quiet pairs' log ratios (screen, refinement and confirmation) by point."""
+def stored_nights(store_path: Path, stages: tuple[str, ...] = ("screen", "refine", "confirm")) \
+        -> list[dict[str, list[float]]]:
+    """Each gate night in the store: the quiet pairs' log ratios of its `stages` by point."""
     from decisions import screening as rules
     from decisions.verdicts import pairs_of
     from rlperf.store import Store
@@ -151,7 +152,7 @@ def stored_nights(store_path: Path) -> list[dict[str, list[float]]]:
                 if (later.get("runs") or {}).get("screen_new") == run_id:
                     stages[(later["stage"], later["side"])] = other
             found: dict[str, list[float]] = {}
-            for stage in ("screen", "refine", "confirm"):
+            for stage in stages:
                 if (stage, "new") not in stages or (stage, "ref") not in stages:
                     continue
                 new, ref = (store.samples(stages[(stage, side)]) for side in ("new", "ref"))
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     nights = commands.add_parser("nights", help="A/A gate nights' means against what their pairs allow")
     nights.add_argument("--store", type=Path, required=True, help="a store holding A/A gate nights")
+    nights.add_argument("--stages", default="screen,refine,confirm",
+                        help="the stages whose pairs count, comma-separated (default screen,refine,confirm)")
     nights.add_argument("--json", type=Path, help="also write the results here")
     sources = commands.add_parser("sources", help="server instances, paths and launch methods taken apart")
     sources.add_argument("--suite", default="gate", help="the suite whose points the blocks cycle over")
@@ -229,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     if args.command == "nights":
-        results = night_offsets(stored_nights(args.store))
+        results = night_offsets(stored_nights(args.store, tuple(args.stages.split(","))))
     else:
         power = detection_power(args.rounds, args.blocks, args.pair_spread, args.offset_sd)
         print(f"sized: {args.rounds} rounds of {args.blocks} blocks see an offset of {args.offset_sd:.1%} SD at "
