@@ -147,15 +147,15 @@ def stored_nights(store_path: Path, stages: tuple[str, ...] = ("screen", "refine
         for run_id, entry in entries.items():
             if (entry.get("stage"), entry.get("side")) != ("screen", "new"):
                 continue
-            stages = {("screen", "new"): run_id, ("screen", "ref"): entry["runs"]["screen_ref"]}
+            run_of = {("screen", "new"): run_id, ("screen", "ref"): entry["runs"]["screen_ref"]}
             for other, later in entries.items():
                 if (later.get("runs") or {}).get("screen_new") == run_id:
-                    stages[(later["stage"], later["side"])] = other
+                    run_of[(later["stage"], later["side"])] = other
             found: dict[str, list[float]] = {}
             for stage in stages:
-                if (stage, "new") not in stages or (stage, "ref") not in stages:
+                if (stage, "new") not in run_of or (stage, "ref") not in run_of:
                     continue
-                new, ref = (store.samples(stages[(stage, side)]) for side in ("new", "ref"))
+                new, ref = (store.samples(run_of[(stage, side)]) for side in ("new", "ref"))
                 for key in sorted(set(new["point_key"])):
                     pairs = pairs_of(new[new["point_key"] == key], ref[ref["point_key"] == key])
                     pairs = pairs[~pairs["contended_ref"] & ~pairs["contended_new"]]
