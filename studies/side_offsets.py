@@ -165,7 +165,7 @@ def stored_nights(store_path: Path, stages: tuple[str, ...] = ("screen", "refine
 
 
 def measure_sources(suite_name: str, rounds: int, blocks: int, out: Path, seed: int,
-                    say=print) -> list[dict]:
+                    say=lambda text: print(text, flush=True)) -> list[dict]:
     """The rounds of the `sources` experiment, each process's SPS and whether the monitor saw it contended."""
     from benches import suite as suites
     from benches.runner import Launcher, PointRunner, UtilizationProbe
