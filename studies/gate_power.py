@@ -73,7 +73,7 @@ def rate(hits: int, trials: int) -> dict:
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
              seed: int, walls: dict[str, float], process_s: float, night_s: float,
-             graphed_noise: Noise | None = None, history_nights: int = 0) -> dict:
+             graphed_noise: Noise | None = None, history_nights: int = 0, fit_night: bool = True) -> dict:
     machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
                                process_s=process_s)
     night = Night(plan, say=lambda text: None, clock=machine.clock)
@@ -81,7 +81,7 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
     night.screen_pairs = rules.screen_allocation(history, plan)
     night.plan = plan = replace(plan, point_spreads=rules.relative_spreads(history))
     fit = None
-    if walls or process_s:  # the screen fitted to the night as the gate fits it to its forecast
+    if fit_night and (walls or process_s):  # the night fitted as the gate fits it to its forecast
         costs = {point.key: walls.get(point.key, process_s) for point in points}
         fit = forecast.fit_night(costs, night.screen_pairs, plan, night_s, plan.point_spreads)
         night.screen_pairs = fit.pairs
@@ -306,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--night-end", choices=("undecided", "not-confirmed"), default="undecided",
                         help="what a suspect the night ran out of time for is: undecided (exit 3, the gate's rule) or "
                              "not confirmed (exit 0, the rule of plans stored before it)")
+    parser.add_argument("--no-fit", action="store_true",
+                        help="screen every night as allocated, not fitted to the night (the gate before it fitted)")
     parser.add_argument("--process-s", type=float, default=0.0,
                         help="the wall of every process without --walls-from (default 0: no budget binds)")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
@@ -352,7 +354,8 @@ def main() -> None:
     walls = {key: wall * args.walls_scale for key, wall in walls.items()}
     try:
         results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls,
-                           args.process_s * args.walls_scale, args.night_s, graphed_noise, args.history_nights)
+                           args.process_s * args.walls_scale, args.night_s, graphed_noise, args.history_nights,
+                           not args.no_fit)
     except BadInput as refused:
         print(refused, file=sys.stderr)
         raise SystemExit(2)
