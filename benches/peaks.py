@@ -401,15 +401,20 @@ def copy_call(op: str, elements: int, device) -> tuple[Callable[[], Any], int]:
 
 class Timer:
     """One quantity made ready to time (module docstring): warmed up, its calls per timing sized, on a GPU
-    captured as a CUDA graph of those calls."""
+    captured as a CUDA graph of those calls.
+
+    A graph keeps the addresses its calls read, not the tensors behind them: the timer holds `call` (and the
+    inputs it closes over) and the last captured output for as long as the graph can be replayed. Let go, they
+    would go back to the caching allocator, and the next timer's capture, which empties its cache, would hand
+    their memory back to the driver: a replay would then read an unmapped address."""
 
     def __init__(self, call: Callable[[], Any], work: float, device, graphed: bool = False):
         import torch
 
-        self.work, self.device, self.graphed = work, device, graphed
+        self.work, self.device, self.graphed, self.call = work, device, graphed, call
         # A graph is captured on a side stream, and warmed up on it first: libraries set up per-stream state
         # (cuBLAS workspaces) on their first call there, which must not happen during capture.
-        stream = torch.cuda.Stream(device) if graphed else None
+        stream = capture_stream(device) if graphed else None
         self.warmup_calls, start = 0, time.perf_counter()
         with torch.cuda.stream(stream) if graphed else contextlib.nullcontext():
             while self.warmup_calls < MIN_WARMUP_CALLS or time.perf_counter() - start < WARMUP_S:
@@ -430,7 +435,7 @@ class Timer:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(batch):
-                    call()
+                    self.captured_output = call()
             self.run_batch = graph.replay
         else:
             def run_batch() -> None:
@@ -455,6 +460,20 @@ class Timer:
     def result(self, samples: list[float]) -> tuple[float, list[float], dict[str, Any]]:
         return max(samples), samples, {"kept": "fastest", "timings": len(samples), "calls_per_timing": self.batch,
                                        "warmup_calls": self.warmup_calls, "graphed": self.graphed}
+
+
+CAPTURE_STREAMS: dict[str, Any] = {}
+
+
+def capture_stream(device) -> Any:
+    """The one side stream every timer on `device` warms up and captures on: torch's pool has 32 streams per
+    priority and a probe builds more timers than that, so a stream each would have some share one anyway."""
+    import torch
+
+    key = str(device)
+    if key not in CAPTURE_STREAMS:
+        CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+    return CAPTURE_STREAMS[key]
 
 
 def timed(call: Callable[[], Any], work: float, device) -> tuple[float, list[float], dict[str, Any]]:
