@@ -2,6 +2,8 @@
 the compile-time accounting, the per-rank trace names and the collectives' bandwidth of a call timed at zero.
 The CUDA behaviour itself is in tests/test_gpu_knobs.py."""
 
+import gc
+import weakref
 from io import StringIO
 
 import pytest
@@ -15,7 +17,7 @@ from rlperf.machine import Machine
 from rlperf.processes import RANK_DIR_ENV, rank_gpu
 from rlperf.store import Store
 from reference_trainer.config import ConfigError, TrainConfig, validate
-from reference_trainer.devices import rank_device, training_device
+from reference_trainer.devices import DeviceCalls, rank_device, training_device
 from reference_trainer.tracing import trace_file_name
 from reference_trainer.train import train
 
@@ -141,3 +143,42 @@ def test_nothing_compiled_or_captured_reports_no_compile_time():
 def test_each_rank_writes_its_own_trace():
     assert trace_file_name(0) == "trace.json.gz"  # the name rlperf profile reads and refuses to overwrite
     assert len({trace_file_name(rank) for rank in range(8)}) == 8
+
+
+def test_captured_device_calls_keep_the_tensors_their_graphs_read_and_write_alive(monkeypatch):
+    """A CUDA graph keeps addresses, never tensors; torch's graph API stood in for on a CPU (a graph holding
+    nothing its capture read, a capture that collects garbage as torch's empties the allocator's cache)."""
+    class Graph:
+        def replay(self) -> None:
+            pass
+
+        def pool(self) -> None:
+            return None
+
+    class Capture:
+        def __init__(self, graph, pool=None, stream=None):
+            pass
+
+        def __enter__(self) -> None:
+            gc.collect()
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+
+    def writes_into(buffer: torch.Tensor):
+        return lambda: buffer.add_(1.0)
+
+    buffers = [torch.zeros(4) for _ in range(4)]
+    held = [weakref.ref(buffer) for buffer in buffers]
+    calls = DeviceCalls([writes_into(buffers[0]), writes_into(buffers[1])], writes_into(buffers[2]),
+                        writes_into(buffers[3]), compile=False)
+    del buffers
+    calls.capture(stream=None)
+    gc.collect()
+    assert all(ref() is not None for ref in held)
+    del calls
+    gc.collect()
+    assert all(ref() is None for ref in held)
