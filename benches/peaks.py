@@ -60,12 +60,16 @@ class ProbeFailed(MachineFault):
         self.failed = failed or []
 
 
-def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
+def need_name(need: dict[str, Any]) -> str:
+    """`linear float32 1024x32x128`: a need's op, dtype and shape."""
     shape = "x".join(str(size) for size in need["shape"])
-    what = " ".join(part for part in (need["op"], need["dtype"], shape) if part)
+    return " ".join(part for part in (need["op"], need["dtype"], shape) if part)
+
+
+def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
     first = (str(exc).strip().splitlines() or [""])[0]
-    return ProbeFailed(f"peaks: measuring {what} on {need['device']} failed: {type(exc).__name__}: {first}", rows,
-                       [need])
+    return ProbeFailed(f"peaks: measuring {need_name(need)} on {need['device']} failed: {type(exc).__name__}: {first}",
+                       rows, [need])
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -186,6 +190,28 @@ def over_ceiling(store, run_id: str) -> list[tuple[str, float]]:
 
     found, _ = roofline.analyze(load_run(store, run_id))
     return [(f"{point.label}: {what}", ratio) for point in found.values() for what, ratio in point.over_ceiling()]
+
+
+def roofline_problem(store, run_id: str) -> str | None:
+    """What keeps run `run_id`'s report from a roofline of every measured point: no point measured, a peak it
+    needs that no measurement of its machine holds (the probe failed on it, or never ran), or a point the
+    roofline cannot place; None when every measured point has one."""
+    from decisions.rundata import load_run
+    from reports import roofline
+
+    run = load_run(store, run_id)
+    known = peaks.Peaks(store.peaks(run.info["machine_key"]))
+    absent = [need for need in run_needs(store, [run_id]) if peaks.quantity_key(need) not in known.by_key]
+    if absent:
+        return f"{len(absent)} of the peaks its roofline needs were not measured, {need_name(absent[0])} the first"
+    measured = list(run.points.loc[run.points["status"] == "ok", "point_key"])
+    if not measured:
+        return "no point was measured"
+    found, notes = roofline.analyze(run)
+    placed = sum(key in found for key in measured)
+    if placed < len(measured):
+        return f"the roofline places {placed} of {len(measured)} measured points" + (f": {notes[0]}" if notes else "")
+    return None
 
 
 def watched(measuring: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -416,6 +416,20 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
             break
         with Store.open(store_path) as store:
             probe.measure_run_peaks(store, run.info["machine_key"], run_id, print, again=True)
+    with Store.open(store_path, readonly=True) as store:
+        assert probe.roofline_problem(store, run_id) is None  # peaks measured beside other work draw it too
+        kept = store.peaks(run.info["machine_key"])
+    lost_path = tmp_path / "lost.sqlite"
+    shutil.copy(store_path, lost_path)
+    # without one of the kernels' peaks (a probe that failed on it), the run's roofline is not whole
+    lost = next(row for row in kept.to_dict("records") if row["op"] in peaks.KERNELS)
+    with sqlite3.connect(lost_path) as db:
+        rows = db.execute("SELECT rowid, shape FROM peaks WHERE op = ? AND dtype = ?", (lost["op"], lost["dtype"]))
+        db.executemany("DELETE FROM peaks WHERE rowid = ?",
+                       [(rowid,) for rowid, shape in list(rows) if json.loads(shape) == list(lost["shape"])])
+    with Store.open(lost_path, readonly=True) as store:
+        problem = probe.roofline_problem(store, run_id)
+    assert problem == f"1 of the peaks its roofline needs were not measured, {probe.need_name(lost)} the first"
     if any(point.busy_peaks for point in found.values()):
         pytest.skip("every measurement of the peaks had other processes busy beside it")
     assert len(found) == 2 and not notes
