@@ -91,7 +91,7 @@ def main() -> int:
         parser.error("--variants A B and --out DIR are needed")
     args.out.mkdir(parents=True, exist_ok=True)
     draw = random.Random(args.seed)
-    rows, logs = [], []
+    logs = []
     for pair in range(args.pairs):
         order = list(args.variants)
         draw.shuffle(order)
@@ -110,9 +110,9 @@ def main() -> int:
                 return 1
             result = json.loads(summary.read_text())
             steady = sum(result["phases"].values()) or math.nan
-            row = {"pair": pair, "variant": variant, "sps": result["sps"], "env_share": result["phases"]["env"] / steady,
-                   "cpu_s": cpu, "wall_s": wall, "steady_s": result["steady_seconds"]}
-            rows.append(row)
+            row = {"pair": pair, "variant": variant, "sps": result["sps"],
+                   "env_share": result["phases"]["env"] / steady, "cpu_s": cpu, "wall_s": wall,
+                   "steady_s": result["steady_seconds"]}
             sps[variant] = result["sps"]
             print(f"pair {pair} {variant}: {row['sps']:,.0f} SPS, env {row['env_share']:.0%} of the step, "
                   f"{cpu:.1f} CPU s, {wall:.1f} s wall", flush=True)
