@@ -60,12 +60,16 @@ class ProbeFailed(MachineFault):
         self.failed = failed or []
 
 
-def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
+def need_name(need: dict[str, Any]) -> str:
+    """`linear float32 1024x32x128`: a need's op, dtype and shape."""
     shape = "x".join(str(size) for size in need["shape"])
-    what = " ".join(part for part in (need["op"], need["dtype"], shape) if part)
+    return " ".join(part for part in (need["op"], need["dtype"], shape) if part)
+
+
+def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[str, Any]]) -> ProbeFailed:
     first = (str(exc).strip().splitlines() or [""])[0]
-    return ProbeFailed(f"peaks: measuring {what} on {need['device']} failed: {type(exc).__name__}: {first}", rows,
-                       [need])
+    return ProbeFailed(f"peaks: measuring {need_name(need)} on {need['device']} failed: {type(exc).__name__}: {first}",
+                       rows, [need])
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -186,6 +190,28 @@ def over_ceiling(store, run_id: str) -> list[tuple[str, float]]:
 
     found, _ = roofline.analyze(load_run(store, run_id))
     return [(f"{point.label}: {what}", ratio) for point in found.values() for what, ratio in point.over_ceiling()]
+
+
+def roofline_problem(store, run_id: str) -> str | None:
+    """What keeps run `run_id`'s report from a roofline of every measured point: no point measured, a peak it
+    needs that no measurement of its machine holds (the probe failed on it, or never ran), or a point the
+    roofline cannot place; None when every measured point has one."""
+    from decisions.rundata import load_run
+    from reports import roofline
+
+    run = load_run(store, run_id)
+    known = peaks.Peaks(store.peaks(run.info["machine_key"]))
+    absent = [need for need in run_needs(store, [run_id]) if peaks.quantity_key(need) not in known.by_key]
+    if absent:
+        return f"{len(absent)} of the peaks its roofline needs were not measured, {need_name(absent[0])} the first"
+    measured = list(run.points.loc[run.points["status"] == "ok", "point_key"])
+    if not measured:
+        return "no point was measured"
+    found, notes = roofline.analyze(run)
+    placed = sum(key in found for key in measured)
+    if placed < len(measured):
+        return f"the roofline places {placed} of {len(measured)} measured points" + (f": {notes[0]}" if notes else "")
+    return None
 
 
 def watched(measuring: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -401,15 +427,20 @@ def copy_call(op: str, elements: int, device) -> tuple[Callable[[], Any], int]:
 
 class Timer:
     """One quantity made ready to time (module docstring): warmed up, its calls per timing sized, on a GPU
-    captured as a CUDA graph of those calls."""
+    captured as a CUDA graph of those calls.
+
+    A graph keeps the addresses its calls read, not the tensors behind them: the timer holds `call` (and the
+    inputs it closes over) and the last captured output for as long as the graph can be replayed. Let go, they
+    would go back to the caching allocator, and the next timer's capture, which empties its cache, would hand
+    their memory back to the driver: a replay would then read an unmapped address."""
 
     def __init__(self, call: Callable[[], Any], work: float, device, graphed: bool = False):
         import torch
 
-        self.work, self.device, self.graphed = work, device, graphed
+        self.work, self.device, self.graphed, self.call = work, device, graphed, call
         # A graph is captured on a side stream, and warmed up on it first: libraries set up per-stream state
         # (cuBLAS workspaces) on their first call there, which must not happen during capture.
-        stream = torch.cuda.Stream(device) if graphed else None
+        stream = capture_stream(device) if graphed else None
         self.warmup_calls, start = 0, time.perf_counter()
         with torch.cuda.stream(stream) if graphed else contextlib.nullcontext():
             while self.warmup_calls < MIN_WARMUP_CALLS or time.perf_counter() - start < WARMUP_S:
@@ -430,7 +461,7 @@ class Timer:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(batch):
-                    call()
+                    self.captured_output = call()
             self.run_batch = graph.replay
         else:
             def run_batch() -> None:
@@ -455,6 +486,20 @@ class Timer:
     def result(self, samples: list[float]) -> tuple[float, list[float], dict[str, Any]]:
         return max(samples), samples, {"kept": "fastest", "timings": len(samples), "calls_per_timing": self.batch,
                                        "warmup_calls": self.warmup_calls, "graphed": self.graphed}
+
+
+CAPTURE_STREAMS: dict[str, Any] = {}
+
+
+def capture_stream(device) -> Any:
+    """The one side stream every timer on `device` warms up and captures on: torch's pool has 32 streams per
+    priority and a probe builds more timers than that, so a stream each would have some share one anyway."""
+    import torch
+
+    key = str(device)
+    if key not in CAPTURE_STREAMS:
+        CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+    return CAPTURE_STREAMS[key]
 
 
 def timed(call: Callable[[], Any], work: float, device) -> tuple[float, list[float], dict[str, Any]]:

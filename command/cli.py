@@ -29,6 +29,8 @@ SUBCOMMANDS = {
     "runs": ("reports.runs_cli", "list a store's runs, or print the newest run id of a suite"),
     "profile": ("profilers.cli", "run the trainer under torch.profiler, NVML sampling and py-spy"),
     "probe": ("benches.peaks", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
+    "doctor": ("command.doctor", "is this GPU machine ready to be a benchmark runner? its GPU tests, smoke, a trace "
+                                 "and a small night"),
 }
 
 

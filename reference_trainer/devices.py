@@ -142,6 +142,9 @@ class DeviceCalls:
             self.forward()
         with torch.cuda.graph(learn_graph, pool=forward_graph.pool(), stream=stream):
             self.learn()
+        # A graph keeps addresses, not tensors: what the replaced calls read and write stays referenced here
+        # for as long as the graphs can be replayed, whoever else holds it.
+        self.captured_calls = (self.steps, self.forward, self.learn)
         self.steps = [graph.replay for graph in step_graphs]
         self.forward, self.learn = forward_graph.replay, learn_graph.replay
         self.capture_seconds += time.perf_counter() - capture_start

@@ -4,6 +4,8 @@ The timer marks boundaries: `enter(phase)` closes the current phase and opens th
 the epoch with no gaps. On CUDA a boundary is a CUDA event on the current stream, not a host clock
 reading: queued kernels are charged to the phase that launched them, and host time spent while the GPU
 waits is charged to the phase the host was in. Events are read once per epoch, after one synchronisation.
+The events are made in the first epoch and recorded again in every later one (hundreds an epoch, each a
+driver call to make), each read before it is recorded again.
 """
 
 from __future__ import annotations
@@ -52,10 +54,16 @@ class PhaseTimer:
         self.record_timeline = False
         self.timeline: list[tuple[str, int, int]] = []
         self._epoch_start = 0.0
+        # CUDA: every boundary event made so far, the first `events_used` of them recorded this epoch
+        self.events: list[torch.cuda.Event] = []
+        self.events_used = 0
 
     def _mark(self):
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            if self.events_used == len(self.events):
+                self.events.append(torch.cuda.Event(enable_timing=True))
+            event = self.events[self.events_used]
+            self.events_used += 1
             event.record()
             return event
         return time.perf_counter()
@@ -65,6 +73,8 @@ class PhaseTimer:
         self.marks.clear()
         if self.cuda:
             torch.cuda.synchronize()
+        # last epoch's events were read after its synchronisation: they can be recorded again
+        self.events_used = 0
         self._epoch_start = time.perf_counter()
 
     def enter(self, phase: str) -> None:

@@ -2,6 +2,9 @@
 the compile-time accounting, the per-rank trace names and the collectives' bandwidth of a call timed at zero.
 The CUDA behaviour itself is in tests/test_gpu_knobs.py."""
 
+import gc
+import time
+import weakref
 from io import StringIO
 
 import pytest
@@ -15,7 +18,9 @@ from rlperf.machine import Machine
 from rlperf.processes import RANK_DIR_ENV, rank_gpu
 from rlperf.store import Store
 from reference_trainer.config import ConfigError, TrainConfig, validate
-from reference_trainer.devices import rank_device, training_device
+from reference_trainer.config import PHASES
+from reference_trainer.devices import DeviceCalls, rank_device, training_device
+from reference_trainer.timing import PhaseTimer
 from reference_trainer.tracing import trace_file_name
 from reference_trainer.train import train
 
@@ -141,3 +146,86 @@ def test_nothing_compiled_or_captured_reports_no_compile_time():
 def test_each_rank_writes_its_own_trace():
     assert trace_file_name(0) == "trace.json.gz"  # the name rlperf profile reads and refuses to overwrite
     assert len({trace_file_name(rank) for rank in range(8)}) == 8
+
+
+def test_captured_device_calls_keep_the_tensors_their_graphs_read_and_write_alive(monkeypatch):
+    """A CUDA graph keeps addresses, never tensors; torch's graph API stood in for on a CPU (a graph holding
+    nothing its capture read, a capture that collects garbage as torch's empties the allocator's cache)."""
+    class Graph:
+        def replay(self) -> None:
+            pass
+
+        def pool(self) -> None:
+            return None
+
+    class Capture:
+        def __init__(self, graph, pool=None, stream=None):
+            pass
+
+        def __enter__(self) -> None:
+            gc.collect()
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+
+    def writes_into(buffer: torch.Tensor):
+        return lambda: buffer.add_(1.0)
+
+    buffers = [torch.zeros(4) for _ in range(4)]
+    held = [weakref.ref(buffer) for buffer in buffers]
+    calls = DeviceCalls([writes_into(buffers[0]), writes_into(buffers[1])], writes_into(buffers[2]),
+                        writes_into(buffers[3]), compile=False)
+    del buffers
+    calls.capture(stream=None)
+    gc.collect()
+    assert all(ref() is not None for ref in held)
+    del calls
+    gc.collect()
+    assert all(ref() is None for ref in held)
+
+
+class CountedEvent:
+    """torch.cuda.Event on a CPU: records the host's clock, counts how many are made."""
+
+    made = 0
+
+    def __init__(self, enable_timing: bool = False):
+        assert enable_timing
+        CountedEvent.made += 1
+        self.at = None
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: "CountedEvent") -> float:
+        return (end.at - self.at) * 1000.0
+
+
+def test_phase_events_are_made_in_the_first_epoch_and_reused_after_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(CountedEvent, "made", 0)
+    timer = PhaseTimer(torch.device("cuda"), enabled=True, delays_ms={})
+    boundaries = [PHASES[step % 3] for step in range(200)]
+    for epoch in range(30):
+        timer.start_epoch()
+        for phase in boundaries:
+            timer.enter(phase)
+        seconds, phases = timer.end_epoch()
+        assert sum(phases.values()) == pytest.approx(seconds, abs=0.01)
+        assert set(phase for phase, share in phases.items() if share > 0) <= set(PHASES[:3])
+    assert CountedEvent.made == len(boundaries) + 1  # one epoch's boundaries and its end, for every epoch
+
+
+def test_a_cpu_phase_timer_makes_no_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    monkeypatch.setattr(CountedEvent, "made", 0)
+    timer = PhaseTimer(torch.device("cpu"), enabled=True, delays_ms={})
+    timer.start_epoch()
+    timer.enter("env")
+    time.sleep(0.01)
+    seconds, phases = timer.end_epoch()
+    assert CountedEvent.made == 0 and phases["env"] >= 0.01 and seconds >= phases["env"]

@@ -4,10 +4,12 @@ run held against them: no ratio may exceed 100%."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import shutil
 import sqlite3
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -216,6 +218,77 @@ def test_the_probe_never_queues_more_device_work_than_a_warm_up_or_a_timing_take
     assert 0 < value <= 1 / device.call_s
 
 
+class StandInCudaGraphs:
+    """torch's graph API as the probe uses it, on a CPU: a graph keeps device addresses, never the tensors behind
+    them, so the stand-in graph holds nothing its capture read; entering a capture collects garbage, as torch's
+    empties the allocator's cache (a freed input's memory goes back to the driver). Counts the streams made."""
+
+    def __init__(self, monkeypatch, collects: bool = True):
+        self.streams_made, self.capture_streams = 0, []
+        stand_in = self
+
+        class Graph:
+            def replay(self) -> None:
+                pass
+
+        class Capture:
+            def __init__(self, graph, pool=None, stream=None):
+                stand_in.capture_streams.append(stream)
+
+            def __enter__(self) -> None:
+                if collects:
+                    gc.collect()
+
+            def __exit__(self, *exc) -> None:
+                pass
+
+        def stream(device=None):
+            self.streams_made += 1
+            return object()
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", Capture)
+        monkeypatch.setattr(torch.cuda, "Stream", stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(probe, "CAPTURE_STREAMS", {})
+
+
+def test_a_graphed_timer_keeps_what_its_graph_reads_and_writes_alive(monkeypatch):
+    """`measure` builds every timer before timing any, and each next capture empties the allocator's cache: a
+    graph whose inputs were let go would replay reads of memory handed back to the driver (an illegal address)."""
+    StandInCudaGraphs(monkeypatch)
+    monkeypatch.setattr(probe, "WARMUP_S", 0.0)
+    call = probe.kernel_call("linear", "float32", [64, 32, 16], torch.device("cpu"))
+    inputs = [weakref.ref(cell.cell_contents) for cell in call.__closure__
+              if isinstance(cell.cell_contents, torch.Tensor)]
+    outputs = []
+
+    def call_seen(call=call) -> torch.Tensor:
+        output = call()
+        outputs.append(weakref.ref(output))
+        return output
+
+    timer = probe.Timer(call_seen, 1.0, torch.device("cpu"), graphed=True)
+    del call, call_seen
+    gc.collect()
+    assert len(inputs) == 3 and all(ref() is not None for ref in inputs)
+    assert outputs[-1]() is not None  # the last captured call's output
+    assert timer.rate() > 0
+    del timer
+    gc.collect()
+    assert all(ref() is None for ref in inputs)  # the timer was what held them
+
+
+def test_every_graphed_timer_captures_on_one_stream_more_timers_than_torchs_pool_has_streams(monkeypatch):
+    graphs = StandInCudaGraphs(monkeypatch, collects=False)
+    monkeypatch.setattr(probe, "WARMUP_S", 0.0)
+    monkeypatch.setattr(probe, "TIMING_S", 0.0)
+    timers = [probe.Timer(probe.kernel_call("mm", "float32", [4, 4, 4], torch.device("cpu")), 1.0,
+                          torch.device("cpu"), graphed=True) for _ in range(33)]
+    assert len(graphs.capture_streams) == len(timers) and len(set(map(id, graphs.capture_streams))) == 1
+    assert graphs.streams_made == 1
+
+
 def test_timings_read_from_least_to_most_as_shown_a_tiny_ops_cost_as_well_as_a_rate():
     from reports.formatting import fmt_rate_range
 
@@ -343,6 +416,20 @@ def test_no_phase_of_a_real_run_exceeds_the_peaks_measured_here(tmp_path):
             break
         with Store.open(store_path) as store:
             probe.measure_run_peaks(store, run.info["machine_key"], run_id, print, again=True)
+    with Store.open(store_path, readonly=True) as store:
+        assert probe.roofline_problem(store, run_id) is None  # peaks measured beside other work draw it too
+        kept = store.peaks(run.info["machine_key"])
+    lost_path = tmp_path / "lost.sqlite"
+    shutil.copy(store_path, lost_path)
+    # without one of the kernels' peaks (a probe that failed on it), the run's roofline is not whole
+    lost = next(row for row in kept.to_dict("records") if row["op"] in peaks.KERNELS)
+    with sqlite3.connect(lost_path) as db:
+        rows = db.execute("SELECT rowid, shape FROM peaks WHERE op = ? AND dtype = ?", (lost["op"], lost["dtype"]))
+        db.executemany("DELETE FROM peaks WHERE rowid = ?",
+                       [(rowid,) for rowid, shape in list(rows) if json.loads(shape) == list(lost["shape"])])
+    with Store.open(lost_path, readonly=True) as store:
+        problem = probe.roofline_problem(store, run_id)
+    assert problem == f"1 of the peaks its roofline needs were not measured, {probe.need_name(lost)} the first"
     if any(point.busy_peaks for point in found.values()):
         pytest.skip("every measurement of the peaks had other processes busy beside it")
     assert len(found) == 2 and not notes
