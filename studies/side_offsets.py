@@ -164,6 +164,20 @@ def stored_nights(store_path: Path, stages: tuple[str, ...] = ("screen", "refine
     return nights
 
 
+def csv_nights(path: Path, stages: tuple[str, ...] = ("screen", "refine", "confirm")) -> list[dict[str, list[float]]]:
+    """The nights of a pairs CSV (one row a pair: night, stage, point, sps_ref, sps_new, contended_ref and _new), as
+    `stored_nights` reads them from a store."""
+    import csv
+
+    nights: dict[str, dict[str, list[float]]] = {}
+    with open(path, newline="") as file:
+        for row in csv.DictReader(file):
+            if row["stage"] in stages and row["contended_ref"] == row["contended_new"] == "0":
+                ratio = math.log(float(row["sps_new"]) / float(row["sps_ref"]))
+                nights.setdefault(row["night"], {}).setdefault(row["point"], []).append(ratio)
+    return list(nights.values())
+
+
 def measure_sources(suite_name: str, rounds: int, blocks: int, out: Path, seed: int,
                     say=lambda text: print(text, flush=True)) -> list[dict]:
     """The rounds of the `sources` experiment, each process's SPS and whether the monitor saw it contended."""
@@ -211,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m studies.side_offsets", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     nights = commands.add_parser("nights", help="A/A gate nights' means against what their pairs allow")
-    nights.add_argument("--store", type=Path, required=True, help="a store holding A/A gate nights")
+    source = nights.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", type=Path, help="a store holding A/A gate nights")
+    source.add_argument("--pairs", type=Path, help="a CSV of their pairs, one row a pair (results/*/gate-offsets)")
     nights.add_argument("--stages", default="screen,refine,confirm",
                         help="the stages whose pairs count, comma-separated (default screen,refine,confirm)")
     nights.add_argument("--json", type=Path, help="also write the results here")
@@ -232,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     if args.command == "nights":
-        results = night_offsets(stored_nights(args.store, tuple(args.stages.split(","))))
+        stages = tuple(args.stages.split(","))
+        results = night_offsets(stored_nights(args.store, stages) if args.store else csv_nights(args.pairs, stages))
     else:
         power = detection_power(args.rounds, args.blocks, args.pair_spread, args.offset_sd)
         print(f"sized: {args.rounds} rounds of {args.blocks} blocks see an offset of {args.offset_sd:.1%} SD at "
