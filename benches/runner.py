@@ -15,7 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlperf.errors import BadInput
 from rlperf.store import PointRecord, utc_now
+from rlperf.summary import RunSummary
 from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
@@ -184,7 +186,7 @@ class PointRunner:
         return record
 
     def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
-                   record: PointRecord) -> tuple[str, str | None, dict[str, Any] | None]:
+                   record: PointRecord) -> tuple[str, str | None, RunSummary | None]:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
@@ -222,13 +224,15 @@ class PointRunner:
         if child.returncode != 0:
             return "failed", f"{exit_text(child.returncode)}\n{last_lines(log_path)}", None
         try:
-            summary = json.loads(summary_path.read_text())
+            summary = RunSummary.check(json.loads(summary_path.read_text()))
         except (OSError, ValueError) as exc:
             return "failed", f"exit code 0 but no readable summary ({exc})\n{last_lines(log_path)}", None
-        mismatch = config_mismatch(config, summary.get("config", {}))
+        except BadInput as exc:
+            return "failed", f"exit code 0 but {exc}", None
+        mismatch = config_mismatch(config, summary.config)
         if mismatch:
             return "failed", mismatch, None
-        summary["interference"] = {**interference, "launch": "forked" if server is not None else "fresh"}
+        summary.interference = {**interference, "launch": "forked" if server is not None else "fresh"}
         return "ok", None, summary
 
 

@@ -269,7 +269,7 @@ class Reserve:
 def point_result_text(record: PointRecord) -> str:
     if record.status != "ok":
         return record.status
-    sps = pd.Series([summary["sps"] for _, summary in record.samples])
+    sps = pd.Series([summary.sps for _, summary in record.samples])
     return f"{format_count(sps.median())} SPS"
 
 

@@ -81,8 +81,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
         contended, detects = detectable_alone(mine, threshold, alpha, family=len(points)) if len(sps) \
             else (0, np.nan)
         median = float(np.median(sps)) if len(sps) else np.nan
-        steady = sum(summary["steady_seconds"] for summary in summaries)
-        h2d = _median_or_nan(pd.Series([summary.get("h2d_bytes_per_step") for summary in summaries], dtype=object))
+        steady = sum(summary.steady_seconds for summary in summaries)
+        h2d = _median_or_nan(pd.Series([summary.h2d_bytes_per_step for summary in summaries], dtype=object))
         rows.append({
             "point_key": point.point_key,
             "label": point_label(point.point_key),
@@ -97,8 +97,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "sps_end_to_end": float(mine["sps_end_to_end"].median()) if len(sps) else np.nan,
             "warmup_seconds": float(mine["warmup_seconds"].median()) if len(sps) else np.nan,
             "mean_episode_return": _median_or_nan(mine["mean_episode_return"]),
-            "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
-            "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
+            "device": (summaries[0].device_name or point.config.get("device", "")) if summaries else "",
+            "dtype_used": (summaries[0].dtype_used or "") if summaries else "",
             "contended": contended,
             "detects": detects,
             "h2d_bytes_per_step": h2d,
@@ -118,7 +118,7 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
     """Microseconds per agent step in each phase (median over repeats); index: point label."""
     rows = {}
     for point_key, samples in run.samples.groupby("point_key", sort=False):
-        per_repeat = pd.DataFrame([{phase: seconds / row.summary["steady_steps"] * 1e6
+        per_repeat = pd.DataFrame([{phase: seconds / row.summary.steady_steps * 1e6
                                     for phase, seconds in row.phases.items()}
                                    for row in samples.itertuples()])
         rows[point_label(point_key)] = per_repeat.median()
@@ -137,14 +137,15 @@ def env_overlap_per_step(run: RunData) -> pd.DataFrame:
     for point_key, samples in run.samples.groupby("point_key", sort=False):
         per_repeat = []
         for summary in samples["summary"]:
-            overlap = summary.get("env_overlap") or {}
-            per_step = 1e6 / summary["steady_steps"]
+            overlap = summary.env_overlap or {}
+            per_step = 1e6 / summary.steady_steps
             seconds = [overlap.get(key) for key in ("env_busy_seconds", "env_wait_seconds", "policy_seconds")]
             per_repeat.append([np.nan if s is None else s * per_step for s in seconds]
-                              + [summary["steady_seconds"] * per_step]
-                              + [summary.get(key, np.nan) for key in ("env_start_seconds", "env_build_seconds")])
+                              + [summary.steady_seconds * per_step]
+                              + [np.nan if getattr(summary, key) is None else getattr(summary, key)
+                                 for key in ("env_start_seconds", "env_build_seconds")])
         medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step", "start", "build"]).median()
-        rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0]["config"].get("env_groups", 1)}
+        rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0].config.get("env_groups", 1)}
     return pd.DataFrame(rows).T
 
 

@@ -48,6 +48,7 @@ from scipy import stats
 from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
 from decisions import intervals, sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.summary import RunSummary
 from rlperf.store import point_label
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
@@ -105,8 +106,8 @@ def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> st
     return json.dumps([json.loads(point_key), kept], sort_keys=True)
 
 
-def is_contended(summary: dict) -> bool:
-    return bool((summary.get("interference") or {}).get("contended"))
+def is_contended(summary: RunSummary) -> bool:
+    return bool((summary.interference or {}).get("contended"))
 
 
 def quiet(samples: pd.DataFrame) -> pd.DataFrame:
@@ -130,7 +131,7 @@ def detectable_alone(samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD
 
 def phase_per_step(samples: pd.DataFrame, phase: str) -> np.ndarray:
     """Seconds per agent step spent in `phase`, one value per repeat."""
-    return np.array([row.phases.get(phase, 0.0) / row.summary["steady_steps"] for row in samples.itertuples()],
+    return np.array([row.phases.get(phase, 0.0) / row.summary.steady_steps for row in samples.itertuples()],
                     dtype=float)
 
 

@@ -180,7 +180,7 @@ def quiet_section(run: RunData) -> Section | None:
     counts as contended (profilers/interference.py)."""
     rows = []
     for point_key, samples in run.samples.groupby("point_key", sort=False):
-        accounts = [summary["interference"] for summary in samples["summary"] if summary.get("interference")]
+        accounts = [summary.interference for summary in samples["summary"] if summary.interference]
         if not accounts:
             continue
         frame = pd.DataFrame(accounts)
@@ -369,8 +369,8 @@ def ranks_section(run: RunData) -> Section | None:
     for point_key, samples in run.samples.groupby("point_key", sort=False):
         per_rank: dict[int, list[dict]] = {}
         for summary in samples["summary"]:
-            if (summary.get("world_size") or 1) > 1:
-                for rank in summary.get("ranks") or []:
+            if summary.world_size > 1:
+                for rank in summary.ranks or []:
                     per_rank.setdefault(rank["rank"], []).append(rank["phases"])
         if not per_rank:
             continue
