@@ -20,6 +20,9 @@ SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
 # Who wrote a summary: the reference trainer, a user's loop through rlperf.phases, or `rlperf attach`.
 WRITERS = ("reference", "phases", "attach")
+# The reference trainer's phases, in the order of an epoch; an outside trainer uses these names where they mean
+# the same, so reports, "Which side waits" and the history read its runs unchanged.
+PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
 # What no phase claims: shown beside the named phases, never folded into them.
 OTHER = "other"
 # The keys an outside trainer must write (docs/results-format.md); every other field may be absent.
