@@ -43,6 +43,8 @@ WARMUP_VARIABLE = "RLPERF_WARMUP_EPOCHS"
 # The process that owns the summary: subprocesses that inherit the environment (env workers) time nothing.
 OWNER_VARIABLE = "RLPERF_PHASES_OWNER"
 MAX_DELAY_MS = 60_000.0
+# the rollout's phases outside `env`, the policy's side of "Which side waits" (as the reference trainer's)
+ROLLOUT_POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
 
 
 class PhaseError(ValueError):
@@ -97,7 +99,7 @@ class PhaseClock:
         self.started_unix_ns: int | None = None
         self.steady_start_ns: int | None = None
         self.epoch_host_start = 0.0
-        self.cuda = None  # the torch.cuda module while this epoch's stamps are events
+        self.cuda = False  # whether this epoch's stamps are CUDA events
         self.events: list[Any] = []  # recorded events, reused from epoch to epoch
         self.spare_events: list[Any] = []
         self.finished = False
@@ -105,33 +107,56 @@ class PhaseClock:
     # ---- marks ----------------------------------------------------------------------------------------
 
     def stamp(self):
-        if self.cuda is None:
+        if not self.cuda:
             return time.perf_counter()
-        event = self.spare_events.pop() if self.spare_events else self.cuda.Event(enable_timing=True)
-        event.record()
+        if self.spare_events:
+            event = self.spare_events.pop()
+        else:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+        event.record()  # on the current stream
         self.events.append(event)
         return event
 
     def begin_epoch(self) -> None:
-        torch = sys.modules.get("torch")
-        self.cuda = torch.cuda if torch is not None and torch.cuda.is_initialized() else None
-        if self.cuda is not None:
-            self.cuda.synchronize()  # the previous epoch's queued work is that epoch's
+        # torch is never imported here: a loop that has not imported it has no device to time
+        self.cuda = "torch" in sys.modules and cuda_initialized()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()  # the previous epoch's queued work is that epoch's
         self.epoch_host_start = time.perf_counter()
         if self.started_unix_ns is None:
             self.started_unix_ns = time.time_ns()
         self.marks = [(self.stack[-1] if self.stack else OTHER, self.stamp())]
 
-    def enter(self, name: str) -> None:
+    def enter(self, name: str, delay: bool = True) -> None:
+        """Opens phase `name`; its injected delay, if any, is slept now unless `delay` is false (the caller then
+        calls `delay_once` when it knows the phase is the one it opened)."""
         if not self.marks:
             self.begin_epoch()
         self.stack.append(name)
         self.phase_marks += 1
         self.marks.append((name, self.stamp()))
+        if delay:
+            self.delay_once(name)
+
+    def delay_once(self, name: str) -> None:
         if name in self.delays and name not in self.delayed:
             # A known amount of work inside the phase, once per epoch, for `rlperf selfcheck`.
             self.delayed.add(name)
             time.sleep(self.delays[name])
+
+    def relabel(self, first_mark: int, old: str, new: str) -> None:
+        """Charges the segments of `old` from mark `first_mark` on to `new`, and makes the innermost open `old`
+        a `new`: a phase opened before what it was could be known (attach's forward with grad whose outputs
+        carry none)."""
+        self.marks[first_mark:] = [(new if label == old else label, stamp) for label, stamp in self.marks[first_mark:]]
+        for index in range(len(self.stack) - 1, -1, -1):
+            if self.stack[index] == old:
+                self.stack[index] = new
+                break
 
     def exit(self, name: str) -> None:
         if not self.stack or self.stack[-1] != name:
@@ -156,13 +181,15 @@ class PhaseClock:
             marks, end = self.marks, self.stamp()
         else:
             marks, end = self.marks[:cut], self.marks[cut][1]
-        if self.cuda is not None:
-            self.cuda.synchronize()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
         host_seconds = time.perf_counter() - self.epoch_host_start
         phases = dict.fromkeys((*PHASES, OTHER), 0.0)
         stamps = [stamp for _, stamp in marks] + [end]
         for (label, start), stop in zip(marks, stamps[1:]):
-            phases[label] += start.elapsed_time(stop) / 1000.0 if self.cuda is not None else stop - start
+            phases[label] += start.elapsed_time(stop) / 1000.0 if self.cuda else stop - start
         seconds = host_seconds if cut is None else sum(phases.values())
         index = len(self.epochs)
         warmup = index < self.warmup_epochs
@@ -207,6 +234,8 @@ class PhaseClock:
             steps=self.total_steps, steady_steps=steady_steps, steady_seconds=steady_seconds, wall_seconds=wall,
             phases=phases, epochs=self.epochs, sps_end_to_end=self.total_steps / wall,
             warmup_seconds=steady_start, phase_coverage=named / steady_seconds if steady_seconds else None,
+            env_overlap={"env_busy_seconds": phases["env"], "env_wait_seconds": phases["env"],
+                         "policy_seconds": sum(phases[name] for name in ROLLOUT_POLICY_PHASES)},
             device_name=self.device_name(), versions=versions(),
             steady_window_unix_ns=[self.steady_start_ns or 0, time.time_ns()],
             attached={"writer": self.writer, **self.attached, "unclaimed": phases[OTHER],
@@ -215,8 +244,9 @@ class PhaseClock:
         )
 
     def device_name(self) -> str:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
+        if "torch" in sys.modules and cuda_initialized():
+            import torch
+
             return torch.cuda.get_device_name(torch.cuda.current_device())
         return "cpu"
 
@@ -232,6 +262,13 @@ class PhaseClock:
         with written_whole(path) as partial:
             partial.write_text(json.dumps(self.summary().to_dict()))
         return True
+
+
+def cuda_initialized() -> bool:
+    """Whether the process has a CUDA context (asked only once torch is imported)."""
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def process_start_seconds() -> float:

@@ -134,7 +134,7 @@ def test_the_clock_reads_no_device_inside_an_epoch_on_the_cpu():
     time.sleep(0.002)
     clock.exit("env")
     clock.steps(1)
-    assert clock.cuda is None and all(isinstance(stamp, float) for _, stamp in clock.marks)
+    assert not clock.cuda and all(isinstance(stamp, float) for _, stamp in clock.marks)
     clock.end_epoch()
     assert clock.epochs[0]["phases"]["env"] >= 0.002
 
@@ -162,3 +162,16 @@ def test_on_cuda_queued_work_is_charged_to_the_phase_that_launched_it_with_one_s
     clock.end_epoch()
     learn, env = clock.epochs[0]["phases"]["learn"], clock.epochs[0]["phases"]["env"]
     assert learn > 10 * env and env < 0.001, clock.epochs[0]["phases"]
+
+
+def test_selfcheck_runs_on_a_users_loop_and_lands_each_delay_in_its_phase(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop(phases.OWNER_VARIABLE, None)
+    done = subprocess.run([sys.executable, "-m", "rlperf", "selfcheck", "--no-attach", "--delay-ms", "30", "--",
+                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if " ok " in line or "FAIL" in line]
+    # the four phases the loop marks, alone and all at once
+    assert len(rows) == 8 and all(" ok " in row for row in rows), done.stdout
