@@ -22,7 +22,7 @@ from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
 from rlperf.forkserver import ForkedChild, ForkServer, ServerGone, forkable
-from rlperf.machine import Machine, probe
+from rlperf.machine import Machine, measured_repository, probe
 from rlperf.processes import signal_name, spawn
 
 REASON_LINES = 8
@@ -30,7 +30,19 @@ REASON_CHARS = 2000
 
 
 def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
+    """The reference trainer's command for a point, or a command point's own command under `rlperf attach`
+    (which writes its summary, and with `attach` false leaves the phases to the command's rlperf.phases)."""
+    if "command" in config:
+        return [python, "-m", "rlperf", "attach", "--json", str(summary_path), "--warmup-epochs",
+                str(config["warmup_epochs"]), *([] if config["attach"] else ["--no-attach"]), "--",
+                *config["command"]]
     return [python, "-m", "rlperf", "train", *from_dict(config).to_args(), "--json", str(summary_path)]
+
+
+def attaches(command: list[str]) -> bool:
+    """Whether `command` runs another trainer under `rlperf attach`: started fresh, as the command it starts is,
+    so that its process and the command's are accounted as the trainer's (a forked start would gain nothing)."""
+    return command[1:4] == ["-m", "rlperf", "attach"]
 
 
 def repeat_config(config: dict[str, Any], repeat: int) -> dict[str, Any]:
@@ -110,7 +122,7 @@ class Launcher:
         """The server that will fork `command`, started (its imports done) on first use; None for a fresh start.
         Called before a repeat's accounts open: the server's imports are neither the trainer's nor another
         program's."""
-        if self.method != "forked" or not forkable(command) or self.refused is not None:
+        if self.method != "forked" or not forkable(command) or self.refused is not None or attaches(command):
             return None
         if self.server is None:
             try:
@@ -144,8 +156,10 @@ class Launcher:
         if self.method == "forked" and self.refused:
             log.write(f"started fresh: {self.refused}\n")
             log.flush()
+        # a command point runs from the root of its repository's checkout (the working tree's, or a commit's)
+        cwd = self.cwd or (measured_repository() if attaches(command) else None)
         return spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     start_new_session=True, cwd=self.cwd)
+                     start_new_session=True, cwd=cwd)
 
     def gone(self) -> None:
         """The server died: the next repeat starts another."""

@@ -11,6 +11,7 @@ import pandas as pd
 
 from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import PHASES
+from rlperf.summary import OTHER
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.verdicts import detectable_alone
 from rlperf.errors import BadInput
@@ -70,7 +71,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
     """One row per point, in the order of `points`: status, SPS median and spread over repeats, contended
     repeats, the smallest slowdown the repeats would catch when every point of the run is judged with it
     (`detects`), and each phase's share of steady time
-    (`share.PHASE`), and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
+    (`share.PHASE`; `share.other`, what no phase claimed in another trainer's run, 0 in the reference trainer's),
+    and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
     `h2d_mb_per_s`; NaN for runs from before the trainer reported them). The bench's table and every report
     read this one summary."""
     rows = []
@@ -104,7 +106,7 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "h2d_bytes_per_step": h2d,
             "h2d_mb_per_s": h2d * median / 1e6,
             **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
-               for phase in PHASES},
+               for phase in (*PHASES, OTHER)},
         })
     return pd.DataFrame(rows)
 

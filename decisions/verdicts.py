@@ -48,7 +48,7 @@ from scipy import stats
 from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
 from decisions import intervals, sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.summary import RunSummary
+from rlperf.summary import OTHER, RunSummary
 from rlperf.store import point_label
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
@@ -185,7 +185,7 @@ def phase_changes(cand: pd.DataFrame, base: pd.DataFrame, sps: Change, threshold
     MIN_PHASE_GROWTH_SHARE of the baseline's step is left out: it explains nothing."""
     step_seconds = 1.0 / sps.baseline if sps.baseline else 0.0
     grew, shrank = [], []
-    names = [p for p in PHASES if any(p in phases for phases in pd.concat([cand, base])["phases"])]
+    names = [p for p in (*PHASES, OTHER) if any(p in phases for phases in pd.concat([cand, base])["phases"])]
     for phase in names:
         before, after = phase_per_step(base, phase), phase_per_step(cand, phase)
         if (before <= 0).any() or (after <= 0).any():

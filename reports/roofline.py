@@ -133,14 +133,17 @@ class PointRoofline:
 def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
     """Each measured point's figures, by point key, and notes on what could not be read (no counts, no peaks)."""
     known = Peaks(run.peaks)
-    result, without_work, without_peaks = {}, [], set()
+    result, without_work, without_peaks, commands = {}, [], set(), []
     for point in run.points[run.points["status"] == "ok"].itertuples():
         samples = run.samples[run.samples["point_key"] == point.point_key]
         if samples.empty:
             continue
         summaries = [s for s in samples["summary"] if s.work]
         if not summaries:
-            without_work.append(point_label(point.point_key))
+            if samples["summary"].iloc[0].writer != "reference":
+                commands.append(point_label(point.point_key))
+            else:
+                without_work.append(point_label(point.point_key))
             continue
         figure = point_figures(point_label(point.point_key), summaries, known)
         if not np.isfinite(figure.roof):
@@ -149,6 +152,10 @@ def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
         figure.reading = reading(figure)
         result[point.point_key] = figure
     notes = []
+    if commands:
+        notes.append(f"No roofline for {', '.join(commands)}: a command's trainer records no work counts (the "
+                     "roofline needs the policy's shapes, which only the reference trainer's summary carries), so "
+                     "its phases are shown without a ceiling.")
     if without_work:
         notes.append(f"No work counts for {', '.join(without_work)}: the trainer that ran them did not record "
                      "`work` in its summary.")
