@@ -22,14 +22,15 @@ from profilers.attach_command import attached_environment, resolved
 STEP_COUNTS = ("num_timesteps", "collected_frames", "steps")
 
 
-def own_sps(output: str) -> float:
-    """SPS by the command's own clock and count, from the JSON of its last line."""
+def own_sps(output: str) -> tuple[float, float]:
+    """SPS by the command's own wall clock and count, from the JSON of its last line, and by its CPU time (less
+    sensitive to what else the machine runs)."""
     last = json.loads(output.strip().splitlines()[-1])
     count = next(last[key] for key in STEP_COUNTS if key in last)
-    return count / last["learn_seconds"]
+    return count / last["learn_seconds"], count / last.get("learn_cpu_seconds", float("nan"))
 
 
-def one(command: list[str], attached: bool, scratch: Path) -> float:
+def one(command: list[str], attached: bool, scratch: Path) -> tuple[float, float]:
     env = attached_environment(scratch / "summary.json") if attached else dict(os.environ)
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return own_sps(done.stdout)
@@ -41,14 +42,18 @@ def measure(command: list[str], pairs: int, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         for index in range(pairs):
             order = [True, False] if rng.random() < 0.5 else [False, True]
-            sps = {attached: one(command, attached, Path(scratch)) for attached in order}
+            both = {attached: one(command, attached, Path(scratch)) for attached in order}
+            sps = {attached: wall for attached, (wall, _) in both.items()}
+            cpu = {attached: per_cpu for attached, (_, per_cpu) in both.items()}
             rows.append({"pair": index, "attached_first": order[0], "sps_attached": sps[True],
-                         "sps_plain": sps[False], "ratio": sps[True] / sps[False]})
+                         "sps_plain": sps[False], "ratio": sps[True] / sps[False],
+                         "cpu_ratio": cpu[True] / cpu[False]})
             print(f"pair {index + 1}/{pairs}: attached {sps[True]:,.0f} SPS, plain {sps[False]:,.0f} "
-                  f"({sps[True] / sps[False] - 1:+.1%})", flush=True)
+                  f"({sps[True] / sps[False] - 1:+.1%}; by CPU time {cpu[True] / cpu[False] - 1:+.1%})", flush=True)
     ratios = [row["ratio"] for row in rows]
+    cpu_ratios = [row["cpu_ratio"] for row in rows]
     return {"command": command, "pairs": rows, "median_ratio": statistics.median(ratios),
-            "cost": 1 - statistics.median(ratios)}
+            "cost": 1 - statistics.median(ratios), "cpu_cost": 1 - statistics.median(cpu_ratios)}
 
 
 def main() -> None:
@@ -62,7 +67,8 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
-    print(f"attach costs {100 * result['cost']:.1f}% of SPS (median of {args.pairs} interleaved pairs)")
+    print(f"attach costs {100 * result['cost']:.1f}% of SPS (median of {args.pairs} interleaved pairs; "
+          f"{100 * result['cpu_cost']:.1f}% by CPU time)")
 
 
 if __name__ == "__main__":

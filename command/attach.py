@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlperf.errors import BadInput, MachineFault
+from rlperf.errors import BadInput, MachineFault, output_file
 
 
 def inject_delay(text: str) -> tuple[str, float]:
@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if args.warmup_epochs < 0:
         raise BadInput("--warmup-epochs: must be 0 or more")
+    if args.json is not None:
+        output_file(args.json, "json")
     with tempfile.TemporaryDirectory() as scratch:
         path = args.json if args.json is not None else Path(scratch) / "summary.json"
         path.unlink(missing_ok=True)

@@ -147,7 +147,9 @@ def env_overlap_per_step(run: RunData) -> pd.DataFrame:
                               + [np.nan if getattr(summary, key) is None else getattr(summary, key)
                                  for key in ("env_start_seconds", "env_build_seconds")])
         medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step", "start", "build"]).median()
-        rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0].config.get("env_groups", 1)}
+        first = samples["summary"].iloc[0]
+        rows[point_label(point_key)] = {**medians, "env_groups": first.config.get("env_groups", 1),
+                                        "reference": first.writer == "reference"}
     return pd.DataFrame(rows).T
 
 

@@ -416,6 +416,12 @@ def confirm_point(verdict: GateVerdict, confirmation: PointVerdict | None, desig
         verdict.note = f"confirmation: {confirmation.status}; {confirmation.reason}".rstrip("; ")
 
 
+def grown(confirmation: PointVerdict) -> str:
+    """` (learn grew)`: the phases whose time per step grew in the confirmation's pairs, the largest first."""
+    names = [phase for phase, _ in confirmation.phases_grew]
+    return f" ({', '.join(names)} grew)" if names else ""
+
+
 def conclusion(found: list[GateVerdict]) -> str:
     """The gate's last line: what failed it, or that nothing did."""
     def named(status: str) -> list[GateVerdict]:
@@ -426,7 +432,7 @@ def conclusion(found: list[GateVerdict]) -> str:
 
     if named(REGRESSED):
         return "gate: regressed: " + "; ".join(
-            f"{v.point} {v.confirmation.sps.relative:+.1%}" for v in named(REGRESSED))
+            f"{v.point} {v.confirmation.sps.relative:+.1%}{grown(v.confirmation)}" for v in named(REGRESSED))
     if named(UNMEASURED):
         return f"gate: could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(
             f"{v.point} ({v.note})" for v in named(UNMEASURED))

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from rlperf import __version__
-from rlperf.errors import written_whole
+from rlperf.errors import MachineFault, written_whole
 from rlperf.summary import OTHER, PHASES, SCHEMA, RunSummary
 
 SUMMARY_VARIABLE = "RLPERF_SUMMARY"
@@ -259,8 +259,12 @@ class PhaseClock:
             return False
         import json
 
-        with written_whole(path) as partial:
-            partial.write_text(json.dumps(self.summary().to_dict()))
+        try:
+            with written_whole(path) as partial:
+                partial.write_text(json.dumps(self.summary().to_dict()))
+        except (OSError, MachineFault) as exc:  # at exit: one line, not a traceback
+            sys.stderr.write(f"rlperf.phases: no summary written: {path}: {exc}\n")
+            return False
         return True
 
 

@@ -20,7 +20,7 @@ from rlperf.summary import OTHER, RunSummary
 
 ATTACHED = ("env", "eval_forward", "train_forward", "learn")
 # each phase's delay, large against an epoch's noise on a busy 2-core machine
-DELAY_MS = 100.0
+DELAY_MS = 200.0
 
 HAND_LOOP = textwrap.dedent("""
     import time, sys
@@ -86,9 +86,9 @@ def test_a_bootstrap_another_sitecustomize_would_have_run_still_runs(tmp_path):
 
 
 SB3 = [sys.executable, "-m", "benches.trainers.sb3_ppo", "--updates", "5", "--n-envs", "16", "--n-steps", "64",
-       "--batch-size", "256", "--n-epochs", "2", "--net", "256"]
+       "--batch-size", "256", "--n-epochs", "4", "--net", "256"]
 TORCHRL = [sys.executable, "-m", "benches.trainers.torchrl_ppo", "--updates", "5", "--n-envs", "8", "--n-steps",
-           "64", "--batch-size", "256", "--n-epochs", "2", "--net", "128"]
+           "64", "--batch-size", "256", "--n-epochs", "4", "--net", "128"]
 
 
 @pytest.mark.parametrize("library, command, own_count", [("stable_baselines3", SB3, "num_timesteps"),
