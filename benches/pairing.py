@@ -17,14 +17,16 @@ from benches.runner import PointRunner
 from decisions.sequential import Design, pairs_to_decide
 from decisions.verdicts import PointVerdict, fmt_interval, is_contended, judge_pair_point
 from rlperf.store import PointRecord, point_label
+from rlperf.summary import RunSummary
 
 SIDES = ("ref", "new")
 
 
 def frame(record: PointRecord) -> pd.DataFrame:
     """A point's samples shaped like `Store.samples()`, for judging before they are stored."""
+    summaries = [(repeat, RunSummary.read(summary)) for repeat, summary in record.samples]
     return pd.DataFrame([{"point_key": record.point_key, "repeat": repeat, "sps": summary.sps,
-                          "phases": summary.phases, "summary": summary} for repeat, summary in record.samples],
+                          "phases": summary.phases, "summary": summary} for repeat, summary in summaries],
                         columns=["point_key", "repeat", "sps", "phases", "summary"])
 
 
