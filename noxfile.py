@@ -28,7 +28,7 @@ def install(session: nox.Session, extras: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
-    install(session, "test,profile,atari")
+    install(session, "test,profile,atari,trainers")
     session.run("pytest", *session.posargs)
 
 

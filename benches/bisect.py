@@ -51,7 +51,7 @@ from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
+from rlperf.machine import Machine, collect, machine_key, measured_repository, probe
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 
@@ -147,7 +147,7 @@ def commits_between(good: str, bad: str) -> list[Commit]:
 
 
 def is_ancestor(older: str, newer: str) -> bool:
-    return subprocess.run(["git", "merge-base", "--is-ancestor", older, newer], cwd=REPO_ROOT,
+    return subprocess.run(["git", "merge-base", "--is-ancestor", older, newer], cwd=measured_repository(),
                           capture_output=True).returncode == 0
 
 
@@ -262,7 +262,7 @@ class Bisect:
                            f"({bad.short}); give a GOOD older than BAD on its history")
         changed = tracked_changes()
         if changed:
-            raise BadInput(f"working tree: {REPO_ROOT} has uncommitted changes to {len(changed)} tracked files "
+            raise BadInput(f"working tree: {measured_repository()} has uncommitted changes to {len(changed)} tracked files "
                            f"({changed[0].strip()}, ...); commit or set them aside first: the suite and the "
                            "harness are read from it, and the search must be repeatable")
         if self.json_path is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from decisions.sequential import Design, pairing_entry
 from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait, add_threshold, add_timeout
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
-from rlperf.machine import collect, machine_key, probe
+from rlperf.machine import REPOSITORY_VARIABLE, collect, machine_key, probe
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, utc_now
 
@@ -91,6 +92,9 @@ class Confirm:
         name = f"{change.point} at {change.run_id}"
         if before_run.info.get("git_dirty") or after_run.info.get("git_dirty"):
             return f"{name}: undecided: a run either side measured uncommitted changes, which cannot be checked out"
+        repository = (after_run.fingerprint.get("git") or {}).get("repository")
+        if repository:  # a suite of commands' runs: their commits are its repository's
+            os.environ[REPOSITORY_VARIABLE] = repository
         try:
             commits = {side: resolve_commit(run.info["git_commit"] or "", "store")
                        for side, run in (("ref", before_run), ("new", after_run))}

@@ -28,6 +28,7 @@ from decisions import screening as rules
 from decisions.screening import GatePlan
 from rlperf.errors import BadInput
 from rlperf.store import Store
+from rlperf.summary import RunSummary
 
 # Processes per point a forecast is taken from (the newest first), and how many runs back it looks for them.
 RECENT_PROCESSES = 12
@@ -288,14 +289,14 @@ def same_settings(wanted: dict[str, Any], stored: dict[str, Any]) -> bool:
     return all(wanted[name] == stored[name] for name in wanted.keys() & stored.keys())
 
 
-def process_launch(summary: dict[str, Any]) -> str:
+def process_launch(summary: RunSummary) -> str:
     """How a stored process started; those stored before the harness recorded it started fresh."""
-    return (summary.get("interference") or {}).get("launch", "fresh")
+    return (summary.interference or {}).get("launch", "fresh")
 
 
-def process_wall(summary: dict[str, Any]) -> float | None:
+def process_wall(summary: RunSummary) -> float | None:
     """The harness's wall around the process; the trainer's own when the harness recorded none."""
-    wall = (summary.get("interference") or {}).get("wall_s") or summary.get("wall_seconds")
+    wall = (summary.interference or {}).get("wall_s") or summary.wall_seconds
     return float(wall) if wall is not None and math.isfinite(wall) and wall > 0 else None
 
 

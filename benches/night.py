@@ -160,7 +160,7 @@ class Night:
     def say_screen(self, point: suites.Point, records: dict[str, PointRecord]) -> None:
         if records["new"].status != "ok" or records["ref"].status != "ok":
             return
-        ratios = [new[1]["sps"] / ref[1]["sps"] for ref, new in zip(records["ref"].samples, records["new"].samples)]
+        ratios = [new[1].sps / ref[1].sps for ref, new in zip(records["ref"].samples, records["new"].samples)]
         busy = [f"pair {pair + 1} {note}" for pair in range(len(ratios))
                 if (note := pair_contention(records, pair, {"ref": "baseline", "new": "new"}))]
         self.say(f"screen {point.label}: new / baseline SPS per pair " + ", ".join(f"{r:.3f}" for r in ratios)

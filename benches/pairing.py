@@ -17,14 +17,16 @@ from benches.runner import PointRunner
 from decisions.sequential import Design, pairs_to_decide
 from decisions.verdicts import PointVerdict, fmt_interval, is_contended, judge_pair_point
 from rlperf.store import PointRecord, point_label
+from rlperf.summary import RunSummary
 
 SIDES = ("ref", "new")
 
 
 def frame(record: PointRecord) -> pd.DataFrame:
     """A point's samples shaped like `Store.samples()`, for judging before they are stored."""
-    return pd.DataFrame([{"point_key": record.point_key, "repeat": repeat, "sps": summary["sps"],
-                          "phases": summary["phases"], "summary": summary} for repeat, summary in record.samples],
+    summaries = [(repeat, RunSummary.read(summary)) for repeat, summary in record.samples]
+    return pd.DataFrame([{"point_key": record.point_key, "repeat": repeat, "sps": summary.sps,
+                          "phases": summary.phases, "summary": summary} for repeat, summary in summaries],
                         columns=["point_key", "repeat", "sps", "phases", "summary"])
 
 
@@ -80,7 +82,7 @@ class Pairing:
                                       f"{self.names[side]}: {status}: {reason}".splitlines()[0])
                 self.say(f"{point.label}: {failed.reason}")
                 return failed
-            summary["pair"] = {"index": pair, "first": order[0]}
+            summary.pair = {"index": pair, "first": order[0]}
             record.samples.append((pair, summary))
         return None
 
@@ -129,8 +131,8 @@ class Pairing:
 
     def say_pair(self, point: suites.Point, pair: int, records: dict[str, PointRecord],
                  verdict: PointVerdict) -> None:
-        ref_sps, new_sps = (records[side].samples[-1][1]["sps"] for side in ("ref", "new"))
-        first = records["new"].samples[-1][1]["pair"]["first"]
+        ref_sps, new_sps = (records[side].samples[-1][1].sps for side in ("ref", "new"))
+        first = records["new"].samples[-1][1].pair["first"]
         text = (f"{point.label} pair {pair + 1}: {self.names['ref']} {ref_sps:,.0f} SPS, "
                 f"{self.names['new']} {new_sps:,.0f} SPS ({self.names[first]} first)")
         contended = pair_contention(records, -1, self.names)
@@ -146,7 +148,7 @@ class Pairing:
 
 def pair_contention(records: dict[str, PointRecord], pair: int, names: dict[str, str]) -> str:
     """`contended (NAME: why; ...)` for a pair (an index into both sides' samples) whose machine was busy, or ''."""
-    whys = [f"{names[side]}: {summary['interference'].get('why') or 'flagged by the interference monitor'}"
+    whys = [f"{names[side]}: {summary.interference.get('why') or 'flagged by the interference monitor'}"
             for side, (_, summary) in ((side, records[side].samples[pair]) for side in SIDES)
             if is_contended(summary)]
     return f"contended ({'; '.join(whys)})" if whys else ""

@@ -136,9 +136,9 @@ def run_needs(store, run_ids) -> list[dict[str, Any]]:
     needs = []
     for run_id in run_ids:
         for summary in store.samples(run_id)["summary"]:
-            if summary.get("work"):
-                needs += peaks.needs_for_work(summary["config"]["device"], summary["device_name"],
-                                              summary["work"]["threads"], summary["work"])
+            if summary.work:
+                needs += peaks.needs_for_work(summary.config["device"], summary.device_name,
+                                              summary.work["threads"], summary.work)
     return peaks.unique(needs)
 
 

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlperf.errors import BadInput
 from rlperf.store import PointRecord, utc_now
+from rlperf.summary import RunSummary
 from benches.suite import Point
 from profilers.interference import InterferenceMonitor
 from reference_trainer.config import from_dict
 from rlperf.forkserver import ForkedChild, ForkServer, ServerGone, forkable
-from rlperf.machine import Machine, probe
+from rlperf.machine import Machine, measured_repository, probe
 from rlperf.processes import signal_name, spawn
 
 REASON_LINES = 8
@@ -28,7 +30,19 @@ REASON_CHARS = 2000
 
 
 def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
+    """The reference trainer's command for a point, or a command point's own command under `rlperf attach`
+    (which writes its summary, and with `attach` false leaves the phases to the command's rlperf.phases)."""
+    if "command" in config:
+        return [python, "-m", "rlperf", "attach", "--json", str(summary_path), "--warmup-epochs",
+                str(config["warmup_epochs"]), *([] if config["attach"] else ["--no-attach"]), "--",
+                *config["command"]]
     return [python, "-m", "rlperf", "train", *from_dict(config).to_args(), "--json", str(summary_path)]
+
+
+def attaches(command: list[str]) -> bool:
+    """Whether `command` runs another trainer under `rlperf attach`: started fresh, as the command it starts is,
+    so that its process and the command's are accounted as the trainer's (a forked start would gain nothing)."""
+    return command[1:4] == ["-m", "rlperf", "attach"]
 
 
 def repeat_config(config: dict[str, Any], repeat: int) -> dict[str, Any]:
@@ -116,7 +130,7 @@ class Launcher:
         Called before a repeat's accounts open: the server's imports are neither the trainer's nor another
         program's."""
         owner = self.owner
-        if self.method != "forked" or not forkable(command) or owner.refused is not None:
+        if self.method != "forked" or not forkable(command) or owner.refused is not None or attaches(command):
             return None
         if owner.server is None:
             try:
@@ -150,8 +164,10 @@ class Launcher:
         if self.method == "forked" and self.owner.refused:
             log.write(f"started fresh: {self.owner.refused}\n")
             log.flush()
+        # a command point runs from the root of its repository's checkout (the working tree's, or a commit's)
+        cwd = self.cwd or (measured_repository() if attaches(command) else None)
         return spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     start_new_session=True, cwd=self.cwd)
+                     start_new_session=True, cwd=cwd)
 
     def gone(self) -> None:
         """The server died: the next repeat, of whichever side, starts another."""
@@ -195,7 +211,7 @@ class PointRunner:
         return record
 
     def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
-                   record: PointRecord) -> tuple[str, str | None, dict[str, Any] | None]:
+                   record: PointRecord) -> tuple[str, str | None, RunSummary | None]:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
@@ -233,13 +249,15 @@ class PointRunner:
         if child.returncode != 0:
             return "failed", f"{exit_text(child.returncode)}\n{last_lines(log_path)}", None
         try:
-            summary = json.loads(summary_path.read_text())
+            summary = RunSummary.check(json.loads(summary_path.read_text()))
         except (OSError, ValueError) as exc:
             return "failed", f"exit code 0 but no readable summary ({exc})\n{last_lines(log_path)}", None
-        mismatch = config_mismatch(config, summary.get("config", {}))
+        except BadInput as exc:
+            return "failed", f"exit code 0 but {exc}", None
+        mismatch = config_mismatch(config, summary.config)
         if mismatch:
             return "failed", mismatch, None
-        summary["interference"] = {**interference, "launch": "forked" if server is not None else "fresh"}
+        summary.interference = {**interference, "launch": "forked" if server is not None else "fresh"}
         return "ok", None, summary
 
 

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,17 @@ TOP_LEVEL = {
     "axes": "a table of setting = [values] swept as a cartesian product",
     "sweep": "blocks of axes, each crossed with the top-level axes",
     "exclude": "rules (setting = value or [values]) removing the points that match all of them",
+    "command": "a trainer's command as a list of strings, `{name}` standing for a setting's value (a suite of "
+               "commands: its settings are the command's own, `device` the one it uses)",
+    "attach": "true (the default) attaches to the command (`rlperf attach`); false runs one that marks its own "
+              "phases through rlperf.phases",
+    "warmup_epochs": "epochs of each command run left out as warm-up (a whole number, default 1)",
 }
+# keys a suite of commands alone may have
+COMMAND_KEYS = ("command", "attach", "warmup_epochs")
+# what a command point's settings may be; `device` says where it computes (the GPUs it is watched on)
+COMMAND_VALUE = "a string, a whole number, a number or true/false"
+DEVICE_TEXT = "cpu, cuda or cuda:N"
 DEFAULTS = {"description": "", "repeats": 3, "timeout_s": 600.0, "sample_hz": 5.0, "profile": False}
 # What `nox -s bench` runs by default: the CPU smoke sizes (16-64 envs) ran slower on an H100 than on 2 CPU cores
 # and taught nothing about the GPU, so a machine whose first device is a GPU gets sizes where a GPU means something.
@@ -74,6 +85,10 @@ class Suite:
     profile: bool
     axis_names: tuple[str, ...]
     points: tuple[Point, ...]
+
+    @property
+    def is_command_suite(self) -> bool:
+        return "command" in self.points[0].config
 
 
 def available_suites() -> list[str]:
@@ -116,7 +131,27 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Suite:
         document = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BadInput(f"{where}: not valid TOML ({exc})") from None
-    return SuiteReader(where, document).read(path, raw, overrides or {})
+    suite = SuiteReader(where, document).read(path, raw, overrides or {})
+    if suite.is_command_suite:
+        measure_repository_of(path)
+    return suite
+
+
+def measure_repository_of(path: Path) -> None:
+    """A suite of commands measures the commits of the git repository it lives in (the user's), from its root:
+    the gate, bisect, --against and confirm check those out, and the runs' fingerprints name them. A suite outside
+    any repository measures the working tree only."""
+    import os
+    import subprocess
+
+    from rlperf.machine import REPOSITORY_VARIABLE
+
+    try:
+        root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path.resolve().parent, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return
+    os.environ[REPOSITORY_VARIABLE] = root
 
 
 def display_path(path: Path) -> str:
@@ -142,6 +177,13 @@ class SuiteReader:
                 raise self.fail(key, f"unknown key (allowed: {', '.join(TOP_LEVEL)})")
         options = {**DEFAULTS, **{k: self.document[k] for k in DEFAULTS if k in self.document}}
         self.check_options(options)
+        self.command = self.command_options() if "command" in self.document else None
+        for key in COMMAND_KEYS:
+            if key in self.document and self.command is None:
+                raise self.fail(key, "belongs to a suite of commands: set `command` too")
+        if self.command is not None and options["profile"]:
+            raise self.fail("profile", "a suite of commands has no traced run: `rlperf profile` traces the "
+                                       "reference trainer (allowed: false)")
 
         fixed = self.settings_table("fixed", self.document.get("fixed", {}))
         top_axes = self.axes_table("axes", self.document.get("axes", {}))
@@ -203,7 +245,21 @@ class SuiteReader:
             if not ok:
                 raise self.fail(key, f"must be {TOP_LEVEL[key]} (got {options[key]!r})")
 
+    def command_options(self) -> dict[str, Any]:
+        command = self.document["command"]
+        if not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+            raise self.fail("command", f"must be {TOP_LEVEL['command']} (got {command!r})")
+        attach = self.document.get("attach", True)
+        if not isinstance(attach, bool):
+            raise self.fail("attach", f"must be {TOP_LEVEL['attach']} (got {attach!r})")
+        warmup = self.document.get("warmup_epochs", 1)
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise self.fail("warmup_epochs", f"must be {TOP_LEVEL['warmup_epochs']} (got {warmup!r})")
+        return {"command": command, "attach": attach, "warmup_epochs": warmup}
+
     def check_setting(self, key: str, name: str, value: Any) -> Any:
+        if self.command is not None:
+            return self.check_command_setting(key, name, value)
         if name not in SETTINGS:
             hint = " (tracing belongs to `rlperf profile`)" if name in fields_with(PROFILER) else ""
             raise self.fail(key, f"unknown setting{hint} (allowed: {', '.join(SETTINGS)})")
@@ -211,6 +267,20 @@ class SuiteReader:
             return coerce(name, value)
         except ConfigError as exc:
             raise self.fail(key, config_error_text(exc, name)) from None
+
+    def check_command_setting(self, key: str, name: str, value: Any) -> Any:
+        """A setting of a command point: any name a placeholder can use, a scalar value; `device` a device."""
+        if not name.isidentifier():
+            raise self.fail(key, "a setting's name must be a Python identifier, as `{name}` in the command uses it")
+        if value is None and name not in COMMAND_KEYS:
+            return None  # an axis's name, checked before its values
+        if name in ("command", "attach", "warmup_epochs", "world_size"):
+            raise self.fail(key, "is the suite's own key, not a setting of its points")
+        if not isinstance(value, (str, int, float, bool)):
+            raise self.fail(key, f"must be {COMMAND_VALUE} (got {value!r})")
+        if name == "device" and not (value == "cpu" or re.fullmatch(r"cuda(:\d+)?", str(value))):
+            raise self.fail(key, f"must be a device: {DEVICE_TEXT} (got {value!r})")
+        return value
 
     def settings_table(self, key: str, table: Any) -> dict[str, Any]:
         if not isinstance(table, dict):
@@ -253,11 +323,28 @@ class SuiteReader:
         return checked
 
     def make_point(self, fixed: dict[str, Any], axes: dict[str, Any]) -> Point:
+        if self.command is not None:
+            return Point(key=canonical_json(axes), axes=axes, config=self.command_point(fixed, axes))
         try:
             config = from_dict({**fixed, **axes}).to_dict()
         except ConfigError as exc:
             raise self.fail(f"point [{point_label(axes)}]", str(exc)) from None
         return Point(key=canonical_json(axes), axes=axes, config=config)
+
+    def command_point(self, fixed: dict[str, Any], axes: dict[str, Any]) -> dict[str, Any]:
+        """A command point's config: its settings, the command with them substituted, how it is run, its device."""
+        settings = {"device": "cpu", **fixed, **axes}
+        command = []
+        for index, part in enumerate(self.command["command"]):
+            try:
+                command.append(part.format_map({name: plain(value) for name, value in settings.items()}))
+            except KeyError as missing:
+                raise self.fail(f"command[{index}]", f"{{{missing.args[0]}}} names no setting of the suite "
+                                                     f"(settings: {', '.join(settings)})") from None
+            except (ValueError, IndexError) as exc:
+                raise self.fail(f"command[{index}]", f"is not a command part with {{name}} placeholders ({exc})") \
+                    from None
+        return {**settings, **self.command, "command": command, "world_size": 1}
 
 
 def matches(rule: dict[str, list[Any]], config: dict[str, Any]) -> bool:

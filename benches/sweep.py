@@ -23,6 +23,7 @@ from benches.options import ProcessOptions
 from benches.peaks import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
+from rlperf.summary import OTHER
 from decisions.intervals import fewest_repeats
 from decisions.rundata import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
@@ -206,7 +207,7 @@ class Sweep:
         points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
         table_data = summarize_points(points, store.samples(run_id), self.options.threshold, self.options.alpha)
         axes = list(suite.axis_names)
-        shown_phases = [phase for phase in PHASES if f"share.{phase}" in table_data
+        shown_phases = [phase for phase in (*PHASES, OTHER) if f"share.{phase}" in table_data
                         and (table_data[f"share.{phase}"] >= MIN_SHOWN_SHARE).any()]
         # two tables, each of a width a CI log's 160 columns hold: one table of every column cut its headers to
         # "num_e…" and "detec…" and wrapped each row over three lines
@@ -269,7 +270,7 @@ class Reserve:
 def point_result_text(record: PointRecord) -> str:
     if record.status != "ok":
         return record.status
-    sps = pd.Series([summary["sps"] for _, summary in record.samples])
+    sps = pd.Series([summary.sps for _, summary in record.samples])
     return f"{format_count(sps.median())} SPS"
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from rlperf.errors import BadInput
-from rlperf.machine import REPO_ROOT
+from rlperf.machine import measured_repository
 
 PREFIX = "rlperf-worktree-"
 OWNER_FILE = "owner.json"  # beside the checkout: the pid and start time of the process that made it
@@ -32,13 +32,14 @@ def resolve_commit(ref: str, field: str = "against") -> str:
     try:
         return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except subprocess.CalledProcessError:
-        raise BadInput(f"{field}: {ref!r} is not a commit of the repository at {REPO_ROOT}") from None
+        raise BadInput(f"{field}: {ref!r} is not a commit of the repository at {measured_repository()}") from None
     except FileNotFoundError:
         raise BadInput(f"{field}: needs git, which is not installed") from None
 
 
-def git(*args: str, cwd: Path = REPO_ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+def git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd or measured_repository(), capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 @contextlib.contextmanager
@@ -61,7 +62,7 @@ def worktree(commit: str, say: Callable[[str], None] = lambda text: None) -> Ite
 
 def this_owner() -> dict[str, Any]:
     """This process as a checkout's owner: a pid is reused once its process is gone, its start time is not."""
-    return {"pid": os.getpid(), "started": psutil.Process().create_time(), "repo": str(REPO_ROOT)}
+    return {"pid": os.getpid(), "started": psutil.Process().create_time(), "repo": str(measured_repository())}
 
 
 def owner_alive(owner: dict[str, Any]) -> bool:
@@ -92,7 +93,7 @@ def prune_abandoned(say: Callable[[str], None] = lambda text: None) -> list[Path
         owner = read_owner(parent)
         if owner is None or owner_alive(owner):
             continue
-        repo = Path(owner.get("repo") or REPO_ROOT)
+        repo = Path(owner.get("repo") or measured_repository())
         if (parent / "tree").exists() and repo.is_dir():
             with contextlib.suppress(subprocess.CalledProcessError, OSError):
                 git("worktree", "remove", "--force", str(parent / "tree"), cwd=repo)

@@ -145,7 +145,7 @@ def undefined_points_allowed():
 
 def durations(samples: pd.DataFrame, metric: str = "seconds") -> Durations | None:
     """The repeats' times to solve in `metric`; None when no repeat measured one."""
-    records = [summary.get("time_to_solve") for summary in samples["summary"]] if len(samples) else []
+    records = [summary.time_to_solve for summary in samples["summary"]] if len(samples) else []
     records = [record for record in records if record]
     if not records:
         return None
@@ -299,7 +299,7 @@ def summarize_learning(points: pd.DataFrame, samples: pd.DataFrame, alpha: float
         measured = {metric: durations(mine, metric) for metric in METRICS}
         if measured["seconds"] is None:
             continue
-        record = next(s["time_to_solve"] for s in mine["summary"] if s.get("time_to_solve"))
+        record = next(s.time_to_solve for s in mine["summary"] if s.time_to_solve)
         returns = pd.to_numeric(mine["mean_episode_return"], errors="coerce").dropna()
         rows.append(PointLearning(
             point.point_key, point_label(point.point_key), record["target_return"], record["window"],

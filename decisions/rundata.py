@@ -11,6 +11,7 @@ import pandas as pd
 
 from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import PHASES
+from rlperf.summary import OTHER
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.verdicts import detectable_alone
 from rlperf.errors import BadInput
@@ -70,7 +71,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
     """One row per point, in the order of `points`: status, SPS median and spread over repeats, contended
     repeats, the smallest slowdown the repeats would catch when every point of the run is judged with it
     (`detects`), and each phase's share of steady time
-    (`share.PHASE`), and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
+    (`share.PHASE`; `share.other`, what no phase claimed in another trainer's run, 0 in the reference trainer's),
+    and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
     `h2d_mb_per_s`; NaN for runs from before the trainer reported them). The bench's table and every report
     read this one summary."""
     rows = []
@@ -81,8 +83,8 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
         contended, detects = detectable_alone(mine, threshold, alpha, family=len(points)) if len(sps) \
             else (0, np.nan)
         median = float(np.median(sps)) if len(sps) else np.nan
-        steady = sum(summary["steady_seconds"] for summary in summaries)
-        h2d = _median_or_nan(pd.Series([summary.get("h2d_bytes_per_step") for summary in summaries], dtype=object))
+        steady = sum(summary.steady_seconds for summary in summaries)
+        h2d = _median_or_nan(pd.Series([summary.h2d_bytes_per_step for summary in summaries], dtype=object))
         rows.append({
             "point_key": point.point_key,
             "label": point_label(point.point_key),
@@ -97,14 +99,14 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "sps_end_to_end": float(mine["sps_end_to_end"].median()) if len(sps) else np.nan,
             "warmup_seconds": float(mine["warmup_seconds"].median()) if len(sps) else np.nan,
             "mean_episode_return": _median_or_nan(mine["mean_episode_return"]),
-            "device": summaries[0].get("device_name", point.config.get("device", "")) if summaries else "",
-            "dtype_used": summaries[0].get("dtype_used", "") if summaries else "",
+            "device": (summaries[0].device_name or point.config.get("device", "")) if summaries else "",
+            "dtype_used": (summaries[0].dtype_used or "") if summaries else "",
             "contended": contended,
             "detects": detects,
             "h2d_bytes_per_step": h2d,
             "h2d_mb_per_s": h2d * median / 1e6,
             **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
-               for phase in PHASES},
+               for phase in (*PHASES, OTHER)},
         })
     return pd.DataFrame(rows)
 
@@ -118,7 +120,7 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
     """Microseconds per agent step in each phase (median over repeats); index: point label."""
     rows = {}
     for point_key, samples in run.samples.groupby("point_key", sort=False):
-        per_repeat = pd.DataFrame([{phase: seconds / row.summary["steady_steps"] * 1e6
+        per_repeat = pd.DataFrame([{phase: seconds / row.summary.steady_steps * 1e6
                                     for phase, seconds in row.phases.items()}
                                    for row in samples.itertuples()])
         rows[point_label(point_key)] = per_repeat.median()
@@ -137,14 +139,17 @@ def env_overlap_per_step(run: RunData) -> pd.DataFrame:
     for point_key, samples in run.samples.groupby("point_key", sort=False):
         per_repeat = []
         for summary in samples["summary"]:
-            overlap = summary.get("env_overlap") or {}
-            per_step = 1e6 / summary["steady_steps"]
+            overlap = summary.env_overlap or {}
+            per_step = 1e6 / summary.steady_steps
             seconds = [overlap.get(key) for key in ("env_busy_seconds", "env_wait_seconds", "policy_seconds")]
             per_repeat.append([np.nan if s is None else s * per_step for s in seconds]
-                              + [summary["steady_seconds"] * per_step]
-                              + [summary.get(key, np.nan) for key in ("env_start_seconds", "env_build_seconds")])
+                              + [summary.steady_seconds * per_step]
+                              + [np.nan if getattr(summary, key) is None else getattr(summary, key)
+                                 for key in ("env_start_seconds", "env_build_seconds")])
         medians = pd.DataFrame(per_repeat, columns=["env", "waited", "policy", "step", "start", "build"]).median()
-        rows[point_label(point_key)] = {**medians, "env_groups": samples["summary"].iloc[0]["config"].get("env_groups", 1)}
+        first = samples["summary"].iloc[0]
+        rows[point_label(point_key)] = {**medians, "env_groups": first.config.get("env_groups", 1),
+                                        "reference": first.writer == "reference"}
     return pd.DataFrame(rows).T
 
 

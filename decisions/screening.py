@@ -437,6 +437,12 @@ def cut_short(confirmation: PointVerdict, design: sequential.Design) -> bool:
             and decision.pairs + sum(confirmation.contended) < design.max_pairs)
 
 
+def grown(confirmation: PointVerdict) -> str:
+    """` (learn grew)`: the phases whose time per step grew in the confirmation's pairs, the largest first."""
+    names = [phase for phase, _ in confirmation.phases_grew]
+    return f" ({', '.join(names)} grew)" if names else ""
+
+
 def conclusion(found: list[GateVerdict]) -> str:
     """The gate's last line: what failed it, or that nothing did."""
     def named(status: str) -> list[GateVerdict]:
@@ -447,7 +453,7 @@ def conclusion(found: list[GateVerdict]) -> str:
 
     if named(REGRESSED):
         return "gate: regressed: " + "; ".join(
-            f"{v.point} {v.confirmation.sps.relative:+.1%}" for v in named(REGRESSED))
+            f"{v.point} {v.confirmation.sps.relative:+.1%}{grown(v.confirmation)}" for v in named(REGRESSED))
     failed = []
     if named(UNMEASURED):
         failed.append(f"could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(

@@ -48,6 +48,7 @@ from scipy import stats
 from reference_trainer.config import OBSERVER, PHASES, TrainConfig, fields_with
 from decisions import intervals, sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from rlperf.summary import OTHER, RunSummary
 from rlperf.store import point_label
 
 # A phase is named as a cause only if its growth is a visible part of the step: a 40% slower `log`
@@ -106,8 +107,8 @@ def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> st
     return json.dumps([json.loads(point_key), kept], sort_keys=True)
 
 
-def is_contended(summary: dict) -> bool:
-    return bool((summary.get("interference") or {}).get("contended"))
+def is_contended(summary: RunSummary) -> bool:
+    return bool((summary.interference or {}).get("contended"))
 
 
 def quiet(samples: pd.DataFrame) -> pd.DataFrame:
@@ -131,7 +132,7 @@ def detectable_alone(samples: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD
 
 def phase_per_step(samples: pd.DataFrame, phase: str) -> np.ndarray:
     """Seconds per agent step spent in `phase`, one value per repeat."""
-    return np.array([row.phases.get(phase, 0.0) / row.summary["steady_steps"] for row in samples.itertuples()],
+    return np.array([row.phases.get(phase, 0.0) / row.summary.steady_steps for row in samples.itertuples()],
                     dtype=float)
 
 
@@ -185,7 +186,7 @@ def phase_changes(cand: pd.DataFrame, base: pd.DataFrame, sps: Change, threshold
     MIN_PHASE_GROWTH_SHARE of the baseline's step is left out: it explains nothing."""
     step_seconds = 1.0 / sps.baseline if sps.baseline else 0.0
     grew, shrank = [], []
-    names = [p for p in PHASES if any(p in phases for phases in pd.concat([cand, base])["phases"])]
+    names = [p for p in (*PHASES, OTHER) if any(p in phases for phases in pd.concat([cand, base])["phases"])]
     for phase in names:
         before, after = phase_per_step(base, phase), phase_per_step(cand, phase)
         if (before <= 0).any() or (after <= 0).any():

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlperf.errors import ConfigError
+from rlperf.summary import PHASES
 
-PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
 BUILTIN_ENVS = ("memory", "cartpole", "catch", "synthetic", "synthetic-device")
 SYNTHETIC_ENVS = ("synthetic", "synthetic-device")
 VECTOR_ENVS = ("memory", "cartpole")  # built-in envs whose observations are vectors, never images

@@ -1,12 +1,10 @@
-"""The run's summary: one typed record, built once at the end of a run, written as the JSON of
-docs/results-format.md (`rlperf train --json`), which the store and every report read."""
+"""The reference trainer's summary of a run: the shared record (rlperf/summary.py), built once at the end of a run
+with every field only this trainer knows, written as the JSON of docs/results-format.md (`rlperf train --json`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import platform
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,115 +15,66 @@ from reference_trainer.devices import Rank
 from reference_trainer.solving import time_to_solve
 from rlperf import __version__
 from rlperf.machine import cuda_uuid, torch_versions
+from rlperf.summary import SCHEMA, RunSummary
 
-SCHEMA = 1
 # the rollout's phases outside `env`: the trainer thread's work for the policy, which a group's env step can run beside
 POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
 
 
-@dataclass
-class RunSummary:
-    """What one run measured; the fields are the summary's keys, in their order, and docs/results-format.md
-    says what each means. `trace` and `timeline` are written only for a traced run, `ranks` only in a run of
-    several ranks."""
-
-    schema: int
-    config: dict[str, Any]
-    sps: float
-    sps_end_to_end: float
-    warmup_seconds: float
-    compile_seconds: float
-    env_start_seconds: float
-    env_build_seconds: float
-    setup_seconds: dict[str, float]
-    wall_seconds: float
-    steps: int
-    steady_steps: int
-    steady_seconds: float
-    phases: dict[str, float]
-    phase_coverage: float | None
-    env_overlap: dict[str, Any] | None
-    epochs: list[dict]
-    mean_episode_return: float | None
-    episodes: int
-    losses: dict[str, float]
-    dtype_used: str
-    world_size: int
-    device_name: str
-    device_uuid: str | None
-    versions: dict[str, str | None]
-    trace: str | None
-    timeline: list[list] | None
-    steady_window_unix_ns: list[int]
-    h2d_bytes_per_step: int
-    work: dict[str, Any]
-    parameters: int
-    time_to_solve: dict | None
-    ranks: list[dict] | None
-
-    @classmethod
-    def of_run(cls, cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float, warmup_seconds: float,
-               compile_seconds: float, env_start_seconds: float, env_build_seconds: float,
-               setup_seconds: dict[str, float],
-               dtype_used: torch.dtype, device: torch.device, steady_window_unix_ns: list[int],
-               h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
-               profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
-        """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
-        ranks, every rank calls this: they gather each other's steady figures into `ranks`."""
-        steady = [e for e in epochs if not e["warmup"]]
-        steady_seconds = sum(e["seconds"] for e in steady)
-        steady_steps = sum(e["steps"] for e in steady)
-        steps = sum(e["steps"] for e in epochs)
-        sps = steady_steps / steady_seconds
-        phases = {name: sum(e["phases"][name] for e in steady) for name in epochs[0]["phases"]}
-        tail = epochs[-max(1, math.ceil(len(epochs) / 10)):]
-        tail_returns = [e["mean_episode_return"] for e in tail if e["mean_episode_return"] is not None]
-        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return cls(
-            schema=SCHEMA,
-            config=cfg.to_dict(),
-            sps=sps,
-            sps_end_to_end=steps / wall_seconds,
-            warmup_seconds=warmup_seconds,
-            compile_seconds=compile_seconds,
-            env_start_seconds=env_start_seconds,
-            env_build_seconds=env_build_seconds,
-            setup_seconds=setup_seconds,
-            wall_seconds=wall_seconds,
-            steps=steps,
-            steady_steps=steady_steps,
-            steady_seconds=steady_seconds,
-            phases=phases,
-            phase_coverage=sum(phases.values()) / steady_seconds if cfg.timers else None,
-            env_overlap=env_overlap(cfg, steady, phases),
-            epochs=epochs,
-            mean_episode_return=float(np.mean(tail_returns)) if tail_returns else None,
-            episodes=sum(e["episodes"] for e in epochs),
-            losses=epochs[-1]["losses"],
-            dtype_used=str(dtype_used).removeprefix("torch."),
-            world_size=cfg.world_size,
-            device_name=device_name,
-            device_uuid=cuda_uuid(device) if device.type == "cuda" else None,
-            versions={"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
-                      **torch_versions()},
-            trace=None if profiler is None else getattr(profiler, "trace_path", None),
-            timeline=None if profiler is None else [list(mark) for mark in timeline],
-            steady_window_unix_ns=steady_window_unix_ns,
-            h2d_bytes_per_step=h2d_bytes_per_step,
-            work=work,
-            parameters=parameters,
-            time_to_solve=time_to_solve(cfg, epochs, sps),
-            ranks=rank.all_gather({"rank": rank.rank, "sps": sps, "phases": phases, "device_name": device_name}),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object of docs/results-format.md."""
-        summary = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        if self.timeline is None:
-            del summary["trace"], summary["timeline"]
-        if self.ranks is None:
-            del summary["ranks"]
-        return summary
+def summary_of_run(cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float, warmup_seconds: float,
+                   compile_seconds: float, env_start_seconds: float, env_build_seconds: float,
+                   setup_seconds: dict[str, float],
+                   dtype_used: torch.dtype, device: torch.device, steady_window_unix_ns: list[int],
+                   h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
+                   profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
+    """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
+    ranks, every rank calls this: they gather each other's steady figures into `ranks`."""
+    steady = [e for e in epochs if not e["warmup"]]
+    steady_seconds = sum(e["seconds"] for e in steady)
+    steady_steps = sum(e["steps"] for e in steady)
+    steps = sum(e["steps"] for e in epochs)
+    sps = steady_steps / steady_seconds
+    phases = {name: sum(e["phases"][name] for e in steady) for name in epochs[0]["phases"]}
+    tail = epochs[-max(1, math.ceil(len(epochs) / 10)):]
+    tail_returns = [e["mean_episode_return"] for e in tail if e["mean_episode_return"] is not None]
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return RunSummary(
+        schema=SCHEMA,
+        writer="reference",
+        config=cfg.to_dict(),
+        sps=sps,
+        sps_end_to_end=steps / wall_seconds,
+        warmup_seconds=warmup_seconds,
+        compile_seconds=compile_seconds,
+        env_start_seconds=env_start_seconds,
+        env_build_seconds=env_build_seconds,
+        setup_seconds=setup_seconds,
+        wall_seconds=wall_seconds,
+        steps=steps,
+        steady_steps=steady_steps,
+        steady_seconds=steady_seconds,
+        phases=phases,
+        phase_coverage=sum(phases.values()) / steady_seconds if cfg.timers else None,
+        env_overlap=env_overlap(cfg, steady, phases),
+        epochs=epochs,
+        mean_episode_return=float(np.mean(tail_returns)) if tail_returns else None,
+        episodes=sum(e["episodes"] for e in epochs),
+        losses=epochs[-1]["losses"],
+        dtype_used=str(dtype_used).removeprefix("torch."),
+        world_size=cfg.world_size,
+        device_name=device_name,
+        device_uuid=cuda_uuid(device) if device.type == "cuda" else None,
+        versions={"python": platform.python_version(), "numpy": np.__version__, "rlperf": __version__,
+                  **torch_versions()},
+        trace=None if profiler is None else getattr(profiler, "trace_path", None),
+        timeline=None if profiler is None else [list(mark) for mark in timeline],
+        steady_window_unix_ns=steady_window_unix_ns,
+        h2d_bytes_per_step=h2d_bytes_per_step,
+        work=work,
+        parameters=parameters,
+        time_to_solve=time_to_solve(cfg, epochs, sps),
+        ranks=rank.all_gather({"rank": rank.rank, "sps": sps, "phases": phases, "device_name": device_name}),
+    )
 
 
 def env_overlap(cfg: TrainConfig, steady: list[dict], phases: dict[str, float]) -> dict[str, Any] | None:

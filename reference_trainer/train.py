@@ -29,7 +29,8 @@ from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
 from reference_trainer.stepping import busy_seconds, env_stepper
-from reference_trainer.summary import RunSummary
+from reference_trainer.summary import summary_of_run
+from rlperf.summary import RunSummary
 from reference_trainer.timing import PhaseTimer, SetupClock
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler
 from reference_trainer.work import count_work
@@ -354,7 +355,7 @@ class Trainer:
             stepper.close()
         for env in self.envs:
             env.close()
-        return RunSummary.of_run(
+        return summary_of_run(
             self.cfg, epochs, wall_seconds=wall, warmup_seconds=self.warmup_end - self.process_start,
             compile_seconds=self.calls.compile_seconds, env_start_seconds=self.env_start_seconds,
             env_build_seconds=self.env_build_seconds,

@@ -180,7 +180,7 @@ def quiet_section(run: RunData) -> Section | None:
     counts as contended (profilers/interference.py)."""
     rows = []
     for point_key, samples in run.samples.groupby("point_key", sort=False):
-        accounts = [summary["interference"] for summary in samples["summary"] if summary.get("interference")]
+        accounts = [summary.interference for summary in samples["summary"] if summary.interference]
         if not accounts:
             continue
         frame = pd.DataFrame(accounts)
@@ -215,7 +215,8 @@ def phase_section(run: RunData) -> Section | None:
     return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
 
 
-def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us: float, env_groups: int) -> str:
+def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us: float, env_groups: int,
+                     reference: bool = True) -> str:
     """One point's line: the env's share of the step, how much of it the env groups' overlap hid behind the
     policy (and how much of the policy's time that was), and the side that limits the rollout, whose hardware
     would speed it. With one group, the most that overlapping could hide: the smaller side's share, which is
@@ -235,7 +236,7 @@ def which_side_waits(env_us: float, waited_us: float, policy_us: float, step_us:
         text += "the env side limits the rollout, more cores or env threads would speed it"
     else:
         text += "the policy side limits the rollout, a faster device would speed it"
-    if env_groups > 1:
+    if env_groups > 1 or not reference:  # env groups are the reference trainer's knob
         return text
     return text + f"; --env-groups 2 could hide at most {min(env_us, policy_us) / step_us:.0%} of the step"
 
@@ -246,7 +247,7 @@ def env_overlap_section(run: RunData) -> Section | None:
     per_step = env_overlap_per_step(run)
     rows = [{"point": label, "env (µs/step)": _fmt_us(row.env), "trainer waited (µs/step)": _fmt_us(row.waited),
              "policy (µs/step)": _fmt_us(row.policy), "which side waits": which_side_waits(
-                 row.env, row.waited, row.policy, row.step, int(row.env_groups)),
+                 row.env, row.waited, row.policy, row.step, int(row.env_groups), bool(row.reference)),
              "env start-up s": _fmt_start(row.start, row.build)}
             for label, row in per_step.iterrows()]
     text = ["Per agent step over the steady epochs (median of repeats): the env's own time, measured where it "
@@ -369,8 +370,8 @@ def ranks_section(run: RunData) -> Section | None:
     for point_key, samples in run.samples.groupby("point_key", sort=False):
         per_rank: dict[int, list[dict]] = {}
         for summary in samples["summary"]:
-            if (summary.get("world_size") or 1) > 1:
-                for rank in summary.get("ranks") or []:
+            if summary.world_size > 1:
+                for rank in summary.ranks or []:
                     per_rank.setdefault(rank["rank"], []).append(rank["phases"])
         if not per_rank:
             continue

@@ -25,6 +25,7 @@ from decisions.rundata import RunData
 from rlperf import peaks as peak_rows
 from rlperf.peaks import Peaks
 from rlperf.store import point_label
+from rlperf.summary import RunSummary
 
 MODEL_PHASES = ("eval_forward", "train_forward", "learn")
 # At this share of its ceiling or more a phase is near it; below it, most of its time is spent outside its
@@ -132,14 +133,17 @@ class PointRoofline:
 def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
     """Each measured point's figures, by point key, and notes on what could not be read (no counts, no peaks)."""
     known = Peaks(run.peaks)
-    result, without_work, without_peaks = {}, [], set()
+    result, without_work, without_peaks, commands = {}, [], set(), []
     for point in run.points[run.points["status"] == "ok"].itertuples():
         samples = run.samples[run.samples["point_key"] == point.point_key]
         if samples.empty:
             continue
-        summaries = [s for s in samples["summary"] if s.get("work")]
+        summaries = [s for s in samples["summary"] if s.work]
         if not summaries:
-            without_work.append(point_label(point.point_key))
+            if samples["summary"].iloc[0].writer != "reference":
+                commands.append(point_label(point.point_key))
+            else:
+                without_work.append(point_label(point.point_key))
             continue
         figure = point_figures(point_label(point.point_key), summaries, known)
         if not np.isfinite(figure.roof):
@@ -148,6 +152,10 @@ def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
         figure.reading = reading(figure)
         result[point.point_key] = figure
     notes = []
+    if commands:
+        notes.append(f"No roofline for {', '.join(commands)}: a command's trainer records no work counts (the "
+                     "roofline needs the policy's shapes, which only the reference trainer's summary carries), so "
+                     "its phases are shown without a ceiling.")
     if without_work:
         notes.append(f"No work counts for {', '.join(without_work)}: the trainer that ran them did not record "
                      "`work` in its summary.")
@@ -158,12 +166,12 @@ def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
     return result, notes
 
 
-def point_figures(label: str, summaries: list[dict], known: Peaks) -> PointRoofline:
+def point_figures(label: str, summaries: list[RunSummary], known: Peaks) -> PointRoofline:
     first = summaries[0]
-    work, config = first["work"], first["config"]
-    device_name, threads, dtype = first["device_name"], work["threads"], work["dtype"]
-    per_step = pd.DataFrame([{phase: seconds / (s["steady_steps"] / s.get("world_size", 1))
-                              for phase, seconds in s["phases"].items()} for s in summaries]).median()
+    work, config = first.work, first.config
+    device_name, threads, dtype = first.device_name, work["threads"], work["dtype"]
+    per_step = pd.DataFrame([{phase: seconds / (s.steady_steps / s.world_size)
+                              for phase, seconds in s.phases.items()} for s in summaries]).median()
     bandwidth = known.value(device_name, threads, peak_rows.MEMORY)
     roof = known.matmul_peak(device_name, threads, dtype)
     phases = []
@@ -183,7 +191,8 @@ def point_figures(label: str, summaries: list[dict], known: Peaks) -> PointRoofl
         fp32_roof=known.matmul_peak(device_name, threads, "float32"), bandwidth=bandwidth,
         op_seconds=1 / known.value(device_name, threads, peak_rows.DISPATCH), step_seconds=step,
         shares={phase: seconds / step for phase, seconds in per_step.items()}, phases=phases,
-        copy_rate=first.get("h2d_bytes_per_step", math.nan) / per_step.get("eval_copy", math.nan),
+        copy_rate=(math.nan if first.h2d_bytes_per_step is None else first.h2d_bytes_per_step)
+        / per_step.get("eval_copy", math.nan),
         copy_ceiling=copy_ceiling, env_rate=1 / per_step.get("env", math.nan),
         env_cores=1 if config["env"] in BUILTIN_ENVS or config.get("vectorization") == "sync" else None,
         busy_peaks=known.unsettled(device_name, threads),

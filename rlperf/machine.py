@@ -81,7 +81,7 @@ class Machine:
         if needed > len(self.gpus):
             return (f"device={config['device']} with world_size={config['world_size']} needs {needed} GPUs; "
                     f"{len(self.gpus)} visible")
-        if config["dtype"] == "bf16" and not all(gpu["bf16"] for gpu in self.gpus[first:needed]):
+        if config.get("dtype") == "bf16" and not all(gpu["bf16"] for gpu in self.gpus[first:needed]):
             return f"dtype=bf16 needs compute capability 8.0 or newer ({self.gpus[first]['name']})"
         return None
 
@@ -123,6 +123,7 @@ def probe(python: str = sys.executable, timeout_s: float = 120.0, server: ForkSe
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY_VARIABLE = "RLPERF_REPOSITORY"
 # Settings read by the math libraries and the CUDA runtime at start-up; any of them can change SPS.
 THREAD_ENV = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
@@ -131,14 +132,24 @@ THREAD_ENV = (
 )
 
 
+def measured_repository() -> Path:
+    """The git repository whose commits are measured: rlperf's own, or the one a suite of commands lives in
+    (RLPERF_REPOSITORY, set when such a suite is loaded: benches/suite.py)."""
+    named = os.environ.get(REPOSITORY_VARIABLE)
+    return Path(named) if named else REPO_ROOT
+
+
 def git_state() -> dict[str, Any]:
     """Commit and whether tracked files differ from it (untracked files do not count)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        return subprocess.run(["git", *args], cwd=measured_repository(), capture_output=True, text=True, check=True,
                               timeout=30).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        state = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        if measured_repository() != REPO_ROOT:  # a suite of commands' own repository: where its commits are
+            state["repository"] = str(measured_repository())
+        return state
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "dirty": None, "unavailable": f"git: {exc}"}
 

@@ -21,6 +21,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from rlperf.errors import BadInput, fault, is_machine_fault, output_dir
+from rlperf.summary import RunSummary
 
 # "RLPF": marks a SQLite file as an rlperf store, so a stray database is refused rather than misread.
 APPLICATION_ID = 0x524C5046
@@ -155,7 +156,7 @@ class PointRecord:
     started_at: str
     seconds: float
     reason: str | None = None
-    samples: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    samples: list[tuple[int, RunSummary | dict[str, Any]]] = field(default_factory=list)
     utilization: list[tuple[int, int, str, str, float]] = field(default_factory=list)
 
 
@@ -261,10 +262,10 @@ class Store:
                 "INSERT INTO samples (run_id, point_key, repeat, sps, sps_end_to_end, warmup_seconds, wall_seconds,"
                 " phases, mean_episode_return, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (run_id, record.point_key, repeat, summary.get("sps"), summary.get("sps_end_to_end"),
-                     summary.get("warmup_seconds"), summary.get("wall_seconds"), json.dumps(summary.get("phases", {})),
-                     summary.get("mean_episode_return"), json.dumps(summary))
-                    for repeat, summary in record.samples
+                    (run_id, record.point_key, repeat, summary.sps, summary.sps_end_to_end, summary.warmup_seconds,
+                     summary.wall_seconds, json.dumps(summary.phases), summary.mean_episode_return,
+                     json.dumps(summary.to_dict()))
+                    for repeat, summary in ((repeat, RunSummary.read(given)) for repeat, given in record.samples)
                 ],
             )
             self._db.executemany(
@@ -363,7 +364,9 @@ class Store:
     def samples(self, run_id: str) -> pd.DataFrame:
         self.require_run(run_id)
         frame = self._frame("SELECT * FROM samples WHERE run_id = ? ORDER BY rowid", (run_id,))
-        return parse_json_columns(frame, "phases", "summary")
+        frame = parse_json_columns(frame, "phases", "summary")
+        frame["summary"] = frame["summary"].map(RunSummary.read)
+        return frame
 
     def utilization(self, run_id: str) -> pd.DataFrame:
         self.require_run(run_id)

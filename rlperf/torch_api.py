@@ -34,6 +34,19 @@ VERSIONED_API: dict[str, Since] = {
     "torch.backends.cudnn.rnn.fp32_precision": Since(
         (2, 9), "2.9.0's torch/backends/cudnn/__init__.py makes `rnn` an _FP32Precision('cuda', 'rnn'); up to "
                 "2.8.0 `rnn` is the module torch/backends/cudnn/rnn.py, which has no fp32_precision"),
+    # rlperf attach's hooks (profilers/attach.py): a module's forward, an optimizer's step, in every module and
+    # optimizer of the process, registered once, without touching the trainer's code
+    "torch.nn.modules.module.register_module_forward_pre_hook": Since(
+        (1, 6), "pytorch#38972 adds the global module hooks to torch/nn/modules/module.py (May 2020, torch 1.6)"),
+    "torch.nn.modules.module.register_module_forward_hook": Since(
+        (1, 6), "pytorch#38972, as register_module_forward_pre_hook"),
+    "torch.nn.modules.module.register_module_forward_hook(always_call=)": Since(
+        (2, 1), "pytorch#104278 adds always_call to the global and the module's forward hooks (June 2023, torch "
+                "2.1): the hook runs when forward raises too, so the count of open calls stays right"),
+    "torch.optim.optimizer.register_optimizer_step_pre_hook": Since(
+        (2, 0), "pytorch#89176 adds the global optimizer step pre and post hooks to torch/optim/optimizer.py "
+                "(November 2022, torch 2.0)"),
+    "torch.optim.optimizer.register_optimizer_step_post_hook": Since((2, 0), "pytorch#89176, as the pre hook"),
     "torch.distributed.all_gather_single": Since(
         (2, 13), "absent from torch/distributed/distributed_c10d.py up to 2.12.0; 2.13.0 adds it and deprecates "
                  "all_gather_into_tensor for it"),

@@ -20,6 +20,7 @@ from scipy import stats
 
 from decisions import changepoints
 from decisions.rundata import RunData
+from rlperf.summary import RunSummary
 
 STEADY_STEPS = 1000
 SHARES = {"env": 0.05, "eval_copy": 0.04, "eval_forward": 0.25, "eval_misc": 0.03, "train_misc": 0.06,
@@ -42,7 +43,7 @@ def synthetic_run(order: int, rng: np.random.Generator, repeats: int = 3, proces
             process = np.exp(night + process_noise * luck)
             phases = {phase: share * STEADY_STEPS / 1000 * process * np.exp(rng.normal(0, 0.03))
                       * (slower or {}).get(phase, 1.0) for phase, share in SHARES.items()}
-            summary = {"steady_steps": STEADY_STEPS, "interference": {"contended": contended}}
+            summary = RunSummary.read({"steady_steps": STEADY_STEPS, "interference": {"contended": contended}})
             sample_rows.append({"point_key": key, "sps": STEADY_STEPS / sum(phases.values()), "phases": phases,
                                 "summary": summary})
     info = {"suite": "synthetic", "status": "complete", "git_commit": f"{order:04d}abcdef{order:06d}",

@@ -34,12 +34,13 @@ from decisions.criteria import DEFAULT_ALPHA
 from decisions.learning import LEARNING_THRESHOLD, Durations, SolveChange, compare_solve, durations, judge_all
 from decisions.verdicts import is_contended
 from rlperf.store import PointRecord, utc_now
+from rlperf.summary import RunSummary
 
 SIZES = (5, 8, 10)
 FACTORS = (1.1, 1.25, 1.3, 1.4, 1.5, 2.0)
 
 
-def run_seeds(point: suites.Point, seeds: int, out: Path, budget_s: float) -> list[dict]:
+def run_seeds(point: suites.Point, seeds: int, out: Path, budget_s: float) -> list[RunSummary]:
     """The point's repeats 0 .. seeds-1 (seed + repeat each), reusing those already in `out`."""
     runner = PointRunner(out, seeds, 600.0, UtilizationProbe(0))
     directory = runner.point_dir(0, point)
@@ -49,8 +50,8 @@ def run_seeds(point: suites.Point, seeds: int, out: Path, budget_s: float) -> li
     for repeat in range(seeds):
         kept = directory / f"repeat-{repeat}.json"
         if kept.is_file() and (directory / f"repeat-{repeat}.interference.json").is_file():
-            summary = json.loads(kept.read_text())
-            summary["interference"] = json.loads((directory / f"repeat-{repeat}.interference.json").read_text())
+            summary = RunSummary.read(json.loads(kept.read_text()))
+            summary.interference = json.loads((directory / f"repeat-{repeat}.interference.json").read_text())
         elif time.monotonic() - started > budget_s:
             print(f"stopped at the time budget with {len(summaries)} of {seeds} seeds; run again to add more")
             break
@@ -58,18 +59,18 @@ def run_seeds(point: suites.Point, seeds: int, out: Path, budget_s: float) -> li
             status, reason, summary = runner.run_repeat(point, repeat, directory, [], record)
             if status != "ok":
                 sys.exit(f"learning_power: seed {repeat} {status}: {reason}")
-            (directory / f"repeat-{repeat}.interference.json").write_text(json.dumps(summary["interference"]))
-            solve = summary["time_to_solve"]
+            (directory / f"repeat-{repeat}.interference.json").write_text(json.dumps(summary.interference))
+            solve = summary.time_to_solve
             print(f"seed {point.config['seed'] + repeat}: solved {solve['solved']} at {solve['steps']:,} steps, "
-                  f"{solve['seconds']:.1f} s; SPS {summary['sps']:,.0f}", flush=True)
+                  f"{solve['seconds']:.1f} s; SPS {summary.sps:,.0f}", flush=True)
         summaries.append(summary)
     return summaries
 
 
-def samples_frame(summaries: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame({"point_key": "{}", "summary": summaries, "sps": [s["sps"] for s in summaries],
-                         "phases": [s["phases"] for s in summaries],
-                         "mean_episode_return": [s["mean_episode_return"] for s in summaries]})
+def samples_frame(summaries: list[RunSummary]) -> pd.DataFrame:
+    return pd.DataFrame({"point_key": "{}", "summary": summaries, "sps": [s.sps for s in summaries],
+                         "phases": [s.phases for s in summaries],
+                         "mean_episode_return": [s.mean_episode_return for s in summaries]})
 
 
 def stretched(times: np.ndarray, solved: np.ndarray, run_ends: np.ndarray, factor: float) -> Durations:

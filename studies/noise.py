@@ -122,15 +122,15 @@ def measure_gpu(rounds: int, out: Path, device: str, seconds: float | None = Non
                     records[point.key].samples.append((repeat, summary))
             slowest_round = max(slowest_round, time.monotonic() - round_started)
             print(f"round {round_ + 1}/{rounds}: " + ", ".join(
-                f"{point.axes['lever']} {records[point.key].samples[-2][1]['sps']:,.0f}/"
-                f"{records[point.key].samples[-1][1]['sps']:,.0f}" for point in points), flush=True)
+                f"{point.axes['lever']} {records[point.key].samples[-2][1].sps:,.0f}/"
+                f"{records[point.key].samples[-1][1].sps:,.0f}" for point in points), flush=True)
         for record in records.values():
             store.record_point(run_id, record)
         store.finish_run(run_id, "complete")
     levers = {}
     for point in points:
         record = records[point.key]
-        processes = [{"sps": summary["sps"], "process_seconds": summary["interference"]["wall_s"],
+        processes = [{"sps": summary.sps, "process_seconds": summary.interference["wall_s"],
                       **gpu_readings(record.utilization, repeat)} for repeat, summary in record.samples]
         levers[point.axes["lever"]] = {**analyse(list(zip(processes[::2], processes[1::2]))),
                                        "processes": processes}

@@ -101,7 +101,7 @@ def simulate(noise: Noise, slowdown: float, points: int, seed: int) -> dict:
                 Pairing(sides, Design((OLD_LOOKS[-1],), 0.5, 2, DEFAULT_THRESHOLD, OLD_LOOKS[-1] + 1),
                         lambda text: None, rng=pairing_rng).measure(0, point, extra, [], time.monotonic() + 1e9)
                 quiet = {side: frame(extra[side]) for side in sides}
-                flags = [quiet[side]["summary"].map(lambda s: s["interference"]["contended"]) for side in sides]
+                flags = [quiet[side]["summary"].map(lambda s: s.interference["contended"]) for side in sides]
                 keep = ~(flags[0].to_numpy() | flags[1].to_numpy())
                 old, old_pairs = old_rule(quiet["ref"]["sps"].to_numpy()[keep], quiet["new"]["sps"].to_numpy()[keep],
                                           DEFAULT_THRESHOLD, DEFAULT_ALPHA)

@@ -28,6 +28,7 @@ import numpy as np
 
 from benches.suite import Point
 from rlperf.store import PointRecord
+from rlperf.summary import RunSummary
 
 STEADY_STEPS = 10_000
 # shares of a step each phase takes in the drawn summaries; only their sum (the step) matters to SPS
@@ -166,11 +167,11 @@ class SimulatedRunner:
         return self.run_dir
 
     def run_repeat(self, point: Point, repeat: int, directory: Path, gpu_uuids: list[str],
-                   record: PointRecord) -> tuple[str, str | None, dict]:
+                   record: PointRecord) -> tuple[str, str | None, RunSummary]:
         sps, flagged = self.machine.draw(self.side, point)
         self.machine.now += self.machine.walls.get(point.key, self.machine.process_s)
         seconds = STEADY_STEPS / sps
         summary = {"sps": sps, "steady_steps": STEADY_STEPS, "steady_seconds": seconds,
                    "phases": {phase: share * seconds for phase, share in PHASE_SHARES.items()},
                    "interference": {"contended": flagged, "why": "drawn" if flagged else ""}}
-        return "ok", None, summary
+        return "ok", None, RunSummary.read(summary)

@@ -34,6 +34,7 @@ from decisions.sequential import Design, decide
 from decisions.verdicts import compare_values, is_contended
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 from rlperf.store import PointRecord, utc_now
+from rlperf.summary import RunSummary
 
 POINT = {"env": "synthetic", "hidden_size": 128, "num_envs": 64, "horizon": 16, "total_steps": 32768}
 DRAWS = 2000
@@ -43,9 +44,9 @@ WARM = 3  # plain processes that size the delay before the slowed ones begin
 def run_processes(out: Path, pairs: int, slowed: int, slowdown: float, threads: int) -> dict[str, list[dict]]:
     base_config = {**TrainConfig().to_dict(), **POINT, "threads": threads}
     runner = PointRunner(out, 1, 600.0, UtilizationProbe(0))
-    summaries: dict[str, list[dict]] = {"plain": [], "slowed": []}
+    summaries: dict[str, list[RunSummary]] = {"plain": [], "slowed": []}
 
-    def one(name: str, config: dict, index: int) -> dict:
+    def one(name: str, config: dict, index: int) -> RunSummary:
         record = PointRecord(name, config, "ok", utc_now(), 0.0)
         directory = out / name
         directory.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ def run_processes(out: Path, pairs: int, slowed: int, slowdown: float, threads: 
     # the delay is sized from plain repeats: SPS falls by `slowdown` when each epoch takes 1/(1 - slowdown) as long
     warm = [one("plain", base_config, i) for i in range(WARM)]
     summaries["plain"] += warm
-    epoch = float(np.median([e["seconds"] for s in warm for e in s["epochs"] if not e["warmup"]]))
+    epoch = float(np.median([e["seconds"] for s in warm for e in s.epochs if not e["warmup"]]))
     delay_ms = round(1000 * epoch * slowdown / (1 - slowdown), 2)
     slowed_config = {**base_config, "inject_delay": {"learn": delay_ms}}
     print(f"epoch {epoch * 1000:.1f} ms; injecting {delay_ms} ms into learn per epoch", flush=True)
@@ -65,8 +66,8 @@ def run_processes(out: Path, pairs: int, slowed: int, slowdown: float, threads: 
         order = [("plain", base_config)] + ([("slowed", slowed_config)] if i - WARM < slowed else [])
         for name, config in (order if i % 2 else order[::-1]):
             summaries[name].append(one(name, config, i))
-        print(f"{i + 1}/{pairs}: plain {summaries['plain'][-1]['sps']:,.0f}"
-              + (f", slowed {summaries['slowed'][-1]['sps']:,.0f}" if summaries["slowed"] else ""), flush=True)
+        print(f"{i + 1}/{pairs}: plain {summaries['plain'][-1].sps:,.0f}"
+              + (f", slowed {summaries['slowed'][-1].sps:,.0f}" if summaries["slowed"] else ""), flush=True)
     return summaries
 
 
@@ -95,12 +96,12 @@ def sequential(pool: np.ndarray, design: Design, rng: np.random.Generator, flip:
     return decision.status, decision.look
 
 
-def pair_pools(summaries: dict[str, list[dict]]) -> tuple[np.ndarray, np.ndarray]:
+def pair_pools(summaries: dict[str, list[RunSummary]]) -> tuple[np.ndarray, np.ndarray]:
     """Log ratios of adjacent processes, a pair left out when either was contended: each slowed process
     against the plain one measured beside it (the slowed ones begin after WARM plain ones), and for A/A the
     plain processes two by two."""
     def log_ratios(pairs) -> np.ndarray:
-        return np.array([np.log(new["sps"] / ref["sps"]) for ref, new in pairs
+        return np.array([np.log(new.sps / ref.sps) for ref, new in pairs
                          if not is_contended(ref) and not is_contended(new)])
 
     plain, slowed = summaries["plain"], summaries["slowed"]
@@ -136,7 +137,7 @@ def main() -> None:
     started = time.monotonic()
     summaries = run_processes(args.out, args.pairs, args.slowed, args.slowdown, args.threads)
     seconds = time.monotonic() - started
-    quiet = {name: np.array([s["sps"] for s in runs if not is_contended(s)]) for name, runs in summaries.items()}
+    quiet = {name: np.array([s.sps for s in runs if not is_contended(s)]) for name, runs in summaries.items()}
     contended = {name: sum(is_contended(s) for s in runs) for name, runs in summaries.items()}
     plain, slowed = quiet["plain"], quiet["slowed"]
     spread = intervals.log_spread(plain)
@@ -146,7 +147,7 @@ def main() -> None:
         "seconds": seconds, "seconds_per_process": seconds / sum(len(v) for v in summaries.values()),
         "plain_sps_median": float(np.median(plain)), "slowed_sps_median": float(np.median(slowed)),
         "true_slowdown": float(1 - np.median(slowed) / np.median(plain)), "process_cv": spread,
-        "others_cores": [s["interference"]["others_cores"] for s in summaries["plain"]],
+        "others_cores": [s.interference["others_cores"] for s in summaries["plain"]],
         "fixed": [fixed_rates(plain, slowed, n, rng) for n in (3, 5, 10, 20) if 2 * n <= len(plain)],
         "sequential": sequential_rates(*pair_pools(summaries), rng),
     }

@@ -50,7 +50,7 @@ def simulated_pairing(tmp_path, design, slowdown=0.0, noise=0.03, contended_new=
 
     def new_side(point, repeat, directory, gpu_uuids, record):
         status, reason, summary = draw(point, repeat, directory, gpu_uuids, record)
-        summary["interference"] = {"contended": repeat in contended_new}
+        summary.interference = {"contended": repeat in contended_new}
         return status, reason, summary
 
     sides["new"].run_repeat = new_side
@@ -62,10 +62,10 @@ def test_pairs_run_in_an_order_drawn_at_random_and_stored_with_both_samples(tmp_
     design = Design.plan(12, 0.01, 2, 0.05)
     pairing, point, records = simulated_pairing(tmp_path, design, noise=0.3)
     pairing.measure(0, point, records, [], time.monotonic() + 60)
-    firsts = [summary["pair"]["first"] for _, summary in records["new"].samples]
+    firsts = [summary.pair["first"] for _, summary in records["new"].samples]
     assert set(firsts) == {"ref", "new"}
-    assert [summary["pair"] for _, summary in records["ref"].samples] == \
-        [summary["pair"] for _, summary in records["new"].samples]
+    assert [summary.pair for _, summary in records["ref"].samples] == \
+        [summary.pair for _, summary in records["new"].samples]
 
 
 def test_a_pair_with_a_contended_process_is_left_out_whole(tmp_path):
@@ -135,8 +135,8 @@ def test_against_head_alternates_processes_and_stores_two_paired_runs(tmp_path):
         for run_id in (ref, new):
             samples = store.samples(run_id)
             assert list(samples["repeat"]) == list(range(6))
-            assert all("interference" in summary for summary in samples["summary"])
-            orders.append([summary["pair"] for summary in samples["summary"]])
+            assert all(summary.interference is not None for summary in samples["summary"])
+            orders.append([summary.pair for summary in samples["summary"]])
         assert orders[0] == orders[1] and [pair["index"] for pair in orders[0]] == list(range(6))
     assert (tmp_path / "out" / new / "report" / "report.md").is_file()
     report = (tmp_path / "out" / new / "report" / "report.md").read_text()

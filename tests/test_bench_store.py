@@ -49,7 +49,7 @@ def test_points_samples_and_utilization_read_back_as_frames(store_with_run):
     assert points.loc[0, "config"] == {"num_envs": 8, "inject_delay": {}}
     samples = store.samples(run_id)
     assert list(samples["sps"]) == [100.0, 110.0] and list(samples["repeat"]) == [0, 1]
-    assert samples.loc[0, "phases"] == {"env": 0.5, "learn": 1.0} and samples.loc[1, "summary"]["wall_seconds"] == 5.0
+    assert samples.loc[0, "phases"] == {"env": 0.5, "learn": 1.0} and samples.loc[1, "summary"].wall_seconds == 5.0
     assert len(store.utilization(run_id)) == 2
     assert store.finished_point_keys(run_id) == {'{"num_envs":8}', '{"num_envs":16}'}
     store.finish_run(run_id, "complete")

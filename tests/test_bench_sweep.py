@@ -47,9 +47,10 @@ STAND_IN = textwrap.dedent("""
         time.sleep(120)
     if behaviour == "lie":
         config = {**config, "dtype": "fp32"}
-    summary = {"sps": 1000.0 + config["num_envs"], "sps_end_to_end": 900.0, "warmup_seconds": 0.1,
-               "wall_seconds": 0.2, "steps": 200, "steady_steps": 100, "steady_seconds": 0.1, "epochs": [], "phases": {"learn": 0.05}, "mean_episode_return": 1.0,
-               "config": config}
+    epoch = {"steps": 100, "seconds": 0.1, "warmup": False, "phases": {"learn": 0.05}}
+    summary = {"schema": 2, "sps": 1000.0 + config["num_envs"], "sps_end_to_end": 900.0, "warmup_seconds": 0.1,
+               "wall_seconds": 0.2, "steps": 200, "steady_steps": 100, "steady_seconds": 0.1, "epochs": [epoch],
+               "phases": {"learn": 0.05}, "mean_episode_return": 1.0, "config": config}
     open(summary_path, "w").write(json.dumps(summary))
 """)
 
@@ -142,12 +143,12 @@ def test_real_trainer_sweep_stores_every_sample_and_exports(tmp_path):
         samples = store.samples(run_id)
     assert counts["points"] == 2 and counts["samples"] == 4 and counts["utilization"] > 0
     assert (samples["sps"] > 0).all() and (samples["wall_seconds"] > samples["warmup_seconds"]).all()
-    assert [s["config"]["lstm"] for s in samples["summary"]] == [True, True, False, False]
+    assert [s.config["lstm"] for s in samples["summary"]] == [True, True, False, False]
     assert all(set(phases) <= {"env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward",
                                "learn", "log"} for phases in samples["phases"])
     assert (tmp_path / "out" / "samples.csv").read_text().count("\n") == 5
     # 32 float32 observation values, a reward and a done flag per agent step
-    assert [s["h2d_bytes_per_step"] for s in samples["summary"]] == [136] * 4
+    assert [s.h2d_bytes_per_step for s in samples["summary"]] == [136] * 4
     report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
     assert "| host→device B/step | host→device MB/s |" in report and report.count("| 136 |") == 2
     logs = sorted((tmp_path / "out" / run_id / "points").glob("*/repeat-*.log"))

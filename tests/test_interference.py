@@ -14,6 +14,7 @@ import torch
 
 from benches.runner import PointRunner, UtilizationProbe
 from rlperf.store import PointRecord, utc_now
+from rlperf.summary import RunSummary
 from benches.suite import Point
 from profilers import interference
 from profilers.interference import OTHERS_CORES_LIMIT, GpuQueryUnavailable, InterferenceMonitor, contention
@@ -56,7 +57,7 @@ def test_a_repeat_beside_a_cpu_hog_is_marked_contended(tmp_path):
         hog.kill()
         hog.wait()
     assert status == "ok", reason
-    account = summary["interference"]
+    account = summary.interference
     # the hog spins one whole core for the whole repeat, whatever else the machine does
     assert account["others_cores"] > max(OTHERS_CORES_LIMIT, 0.5)
     assert account["contended"] and "other processes used" in account["why"]
@@ -170,7 +171,7 @@ def test_a_sweep_repeat_beside_another_gpu_program_is_contended_with_the_reason(
     record = PointRecord("{}", point, "ok", utc_now(), 0.0)
     status, reason, summary = runner.run_repeat(Point("{}", {}, point), 0, Path(tmp_path), [GPU], record)
     assert status == "ok", reason
-    account = summary["interference"]
+    account = summary.interference
     assert account["contended"] and f"other programs computed on the GPU ({other_program} sleep)" in account["why"]
 
 
@@ -187,7 +188,7 @@ def test_a_gate_or_against_pair_beside_another_gpu_program_says_contended_and_wh
         account["others_cores"] = account["steal_share"] = 0.0
         account["contended"] = bool(contention(account))
         account["why"] = "; ".join(detail for _, detail in contention(account))
-        records[side].samples.append((0, {"sps": 1000.0, "interference": account}))
+        records[side].samples.append((0, RunSummary.read({"sps": 1000.0, "interference": account})))
     assert pair_contention(records, 0, {"ref": "baseline", "new": "new"}) == \
         f"contended (baseline: other programs computed on the GPU ({other_program} sleep))"
 

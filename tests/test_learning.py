@@ -17,6 +17,7 @@ from benches.runner import PointRunner, UtilizationProbe, repeat_config
 from benches.suite import Point
 from reference_trainer.config import ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.solving import smoothed_returns, time_to_solve
+from rlperf.summary import RunSummary
 from reference_trainer.train import train
 from decisions.learning import (FASTER_LEARNS_WORSE, Durations, compare_solve, judge_learning, km_median, reading,
                               share_solved)
@@ -87,7 +88,9 @@ def test_a_target_round_trips_through_the_flags():
 ECHO = textwrap.dedent("""
     import json, sys
     config, path = json.loads(sys.argv[1]), sys.argv[2]
-    open(path, "w").write(json.dumps({"sps": 1000.0, "config": config}))
+    epoch = {"steps": 100, "seconds": 0.1, "warmup": False, "phases": {}}
+    open(path, "w").write(json.dumps({"schema": 2, "sps": 1000.0, "steps": 100, "steady_steps": 100, "steady_seconds": 0.1,
+                                      "wall_seconds": 0.2, "phases": {}, "epochs": [epoch], "config": config}))
 """)
 
 
@@ -100,7 +103,7 @@ def test_repeats_of_a_learning_point_train_with_successive_seeds(tmp_path, targe
                          lambda config, path: [sys.executable, str(echo), json.dumps(config), str(path)])
     record = runner.run(0, Point("{}", {}, config), [])
     assert record.status == "ok", record.reason
-    assert [summary["config"]["seed"] for _, summary in record.samples] == seeds
+    assert [summary.config["seed"] for _, summary in record.samples] == seeds
     assert record.config["seed"] == 7  # the point keeps its own seed; each sample records the one it ran
     assert repeat_config(config, 2)["seed"] == seeds[2]
 
@@ -151,8 +154,9 @@ def test_the_interval_holds_the_factor_that_makes_the_sides_alike():
 
 
 def samples_of(times, solved, contended=()) -> pd.DataFrame:
-    rows = [{"summary": {"time_to_solve": {"seconds": t, "steady_seconds": t, "steps": 1000 * t, "solved": s},
-                         "interference": {"contended": i in contended}}}
+    rows = [{"summary": RunSummary.read({"time_to_solve": {"seconds": t, "steady_seconds": t, "steps": 1000 * t,
+                                                           "solved": s},
+                                         "interference": {"contended": i in contended}})}
             for i, (t, s) in enumerate(zip(times, solved))]
     return pd.DataFrame(rows)
 
@@ -165,7 +169,7 @@ def test_learning_verdicts_leave_out_contended_repeats_and_need_a_time_to_solve(
     every_one = judge_learning(samples_of([20] * 5, [0] * 5, contended=range(5)), base)
     assert every_one.status == "inconclusive" and every_one.reason == "too few quiet repeats: 5 against 0"
     assert judge_learning(never, never).reason.startswith("neither side solved")
-    assert judge_learning(pd.DataFrame([{"summary": {"sps": 1.0}}]), base) is None
+    assert judge_learning(pd.DataFrame([{"summary": RunSummary.read({"sps": 1.0})}]), base) is None
 
 
 def test_the_reading_names_the_fast_knob_that_learns_worse():

@@ -7,6 +7,7 @@ confirm` must confirm it by measuring the two commits again in pairs."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 
@@ -158,7 +159,8 @@ def test_contended_repeats_are_left_out():
                               process_noise=0.06))
     alone = [(c.metric, c.order) for c in changepoints.find(runs[:16], threshold=0.05, alpha=0.05)]
     assert [(c.metric, c.order) for c in changepoints.find(runs, threshold=0.05, alpha=0.05)] == alone
-    runs[-1].samples["summary"] = [{**s, "interference": {"contended": False}} for s in runs[-1].samples["summary"]]
+    runs[-1].samples["summary"] = [dataclasses.replace(s, interference={"contended": False})
+                                  for s in runs[-1].samples["summary"]]
     # once counted, one slow run at the end is a night, not a level: runs are the unit
     assert ("SPS", 16) not in [(c.metric, c.order) for c in changepoints.find(runs, threshold=0.05, alpha=0.05)]
 

@@ -11,6 +11,7 @@ import pytest
 from decisions import intervals
 from decisions.verdicts import compare_values, exit_code, judge, judge_point, match_key
 from rlperf.store import point_label
+from rlperf.summary import RunSummary
 
 PHASE_SHARES = {"env": 0.05, "eval_forward": 0.40, "train_forward": 0.20, "learn": 0.30, "log": 0.05}
 STEPS_PER_EPOCH = 256
@@ -55,7 +56,7 @@ def run_frames(points: dict[str, dict], repeats: int = 6, epochs: int = 5, noise
             summary = summary_for(rng, step, epochs, spec.get("noise", noise), spec.get("slower", {}),
                                   contended and spec.get("mark", True))
             sample_rows.append({"run_id": "r", "point_key": point_key, "repeat": repeat, "sps": summary["sps"],
-                                "phases": summary["phases"], "summary": summary})
+                                "phases": summary["phases"], "summary": RunSummary.read(summary)})
     return pd.DataFrame(point_rows), pd.DataFrame(sample_rows)
 
 

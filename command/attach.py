@@ -1,0 +1,90 @@
+"""`rlperf attach -- COMMAND ...`: a command's time by phase without a line of it changed: env steps, the
+policy's forward without grad (acting) and with grad (training), backward with the optimizer's step, and what
+none of them claims (`other`). docs/any-trainer.md says how it reaches the command and what it attributes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from rlperf.errors import BadInput, MachineFault, output_file
+
+
+def inject_delay(text: str) -> tuple[str, float]:
+    from rlperf.summary import PHASES
+
+    phase, _, ms = text.partition("=")
+    if phase not in PHASES:
+        raise argparse.ArgumentTypeError(f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})")
+    try:
+        value = float(ms)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PHASE=MILLISECONDS") from None
+    if not 0 <= value <= 60_000:
+        raise argparse.ArgumentTypeError(f"{phase}: milliseconds must be from 0 to 60000")
+    return phase, value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the run's summary here (docs/results-format.md); by default it is only shown")
+    parser.add_argument("--warmup-epochs", type=int, default=1, help="epochs left out as warm-up (default 1)")
+    parser.add_argument("--inject-delay", type=inject_delay, action="append", default=[], metavar="PHASE=MS",
+                        help="sleep MS milliseconds inside PHASE once an epoch (for checking the attribution)")
+    parser.add_argument("--timeout", type=float, default=None, help="end the command after this many seconds")
+    parser.add_argument("--no-attach", action="store_true",
+                        help="hooks off: the command marks its own phases through rlperf.phases")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
+
+
+def run(args: argparse.Namespace) -> int:
+    from profilers.attach_command import run_attached
+    from rlperf.summary import RunSummary
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if args.warmup_epochs < 0:
+        raise BadInput("--warmup-epochs: must be 0 or more")
+    if args.json is not None:
+        output_file(args.json, "json")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = args.json if args.json is not None else Path(scratch) / "summary.json"
+        path.unlink(missing_ok=True)
+        done = run_attached(command, path, dict(args.inject_delay), args.warmup_epochs, args.timeout,
+                            attach=not args.no_attach)
+        if done.returncode == 124 and args.timeout is not None:
+            raise MachineFault(f"command: still running after --timeout {args.timeout:g} s; ended")
+        if done.returncode != 0:
+            sys.stderr.write(f"rlperf attach: the command exited with code {done.returncode}\n")
+            return done.returncode if 0 < done.returncode < 256 else 1
+        if not path.is_file():
+            raise MachineFault("command: exited 0 but wrote no summary (its last lines say why: no epoch ended, "
+                               "or no phase was marked)")
+        summary = RunSummary.check(json.loads(path.read_text()))
+    show(summary)
+    return 0
+
+
+def show(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    steady = summary.steady_seconds
+    table = Table(title=f"phases over {len(summary.steady_epochs)} steady epochs ({summary.writer})")
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("% of time", justify="right")
+    for name, seconds in summary.phases.items():
+        if seconds or name == "other":
+            table.add_row(name, f"{seconds:.3f}", f"{100 * seconds / steady:.1f}")
+    console = Console(file=sys.stdout)
+    console.print(table)
+    attached = summary.attached or {}
+    console.print(f"SPS {summary.sps:,.0f} steady over {summary.steady_steps:,} agent steps ({summary.steps:,} in "
+                  f"all); named phases {100 * (summary.phase_coverage or 0):.1f}% of the steady time, other "
+                  f"{100 * summary.phases.get('other', 0.0) / steady:.1f}%", soft_wrap=True)
+    if attached.get("env_classes") is not None:
+        console.print(f"attached: {', '.join(attached.get('hooks', []))}; envs stepped: "
+                      f"{', '.join(attached['env_classes']) or 'none'}", soft_wrap=True)

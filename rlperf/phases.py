@@ -1,0 +1,407 @@
+"""Phases in a user's own training loop, with the reference trainer's guarantees (docs/any-trainer.md).
+
+    from rlperf import phases
+
+    for update in range(updates):
+        for step in range(horizon):
+            with phases.phase("eval_forward"):
+                action = policy.act(obs)
+            with phases.phase("env"):
+                obs, reward, done = envs.step(action)
+            phases.steps(num_envs)
+        with phases.phase("train_forward"):
+            loss = policy.loss(batch)
+        with phases.phase("learn"):
+            loss.backward(); optimizer.step()
+        phases.end_epoch()
+
+Phases tile each epoch: a mark closes the open segment and opens the next, what no phase claims is `other`,
+and a phase entered inside another takes the time until it exits. On CUDA a mark is an event on the current
+stream, read once an epoch after one synchronisation, so queued GPU work is charged to the phase that launched
+it and nothing inside an epoch waits for the device. The first epochs are warm-up (RLPERF_WARMUP_EPOCHS,
+default 1). RLPERF_INJECT_DELAY (`learn=40,env=10`, milliseconds) sleeps inside a phase once an epoch, for
+`rlperf selfcheck`. Only when RLPERF_SUMMARY names a path does anything get timed: the summary
+(rlperf/summary.py) is written there at exit or at `finish()`; otherwise every call returns at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+from rlperf import __version__
+from rlperf.errors import MachineFault, written_whole
+from rlperf.summary import OTHER, PHASES, SCHEMA, RunSummary
+
+SUMMARY_VARIABLE = "RLPERF_SUMMARY"
+DELAY_VARIABLE = "RLPERF_INJECT_DELAY"
+WARMUP_VARIABLE = "RLPERF_WARMUP_EPOCHS"
+# The process that owns the summary: subprocesses that inherit the environment (env workers) time nothing.
+OWNER_VARIABLE = "RLPERF_PHASES_OWNER"
+MAX_DELAY_MS = 60_000.0
+# the rollout's phases outside `env`, the policy's side of "Which side waits" (as the reference trainer's)
+ROLLOUT_POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
+
+
+class PhaseError(ValueError):
+    """A phase mark that cannot be honoured: an unknown name, or an exit of a phase that is not the innermost
+    one open. One line naming it."""
+
+
+def parse_delays(text: str) -> dict[str, float]:
+    """`PHASE=MS,...` as milliseconds by phase; refused in one line naming the part that is wrong."""
+    delays = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in PHASES:
+            raise PhaseError(f"{DELAY_VARIABLE}: unknown phase {name!r} (allowed: {', '.join(PHASES)})")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise PhaseError(f"{DELAY_VARIABLE}: {part!r} is not PHASE=MILLISECONDS") from None
+        if not 0 <= ms <= MAX_DELAY_MS:
+            raise PhaseError(f"{DELAY_VARIABLE}: {name}: milliseconds must be from 0 to {MAX_DELAY_MS:g}")
+        delays[name] = ms
+    return delays
+
+
+def parse_warmup(text: str) -> int:
+    if not text.isdigit():
+        raise PhaseError(f"{WARMUP_VARIABLE}: must be a whole number of 0 or more (got {text!r})")
+    return int(text)
+
+
+class PhaseClock:
+    """The marks of the epoch in progress, and the epochs closed so far. A mark is `(label, stamp)`: the segment
+    from this stamp to the next belongs to `label`. Stamps are host clock readings, or CUDA events where the
+    process has a CUDA context (decided per epoch, at its first mark)."""
+
+    def __init__(self, writer: str = "phases", warmup_epochs: int = 1, delays_ms: dict[str, float] | None = None,
+                 config: dict[str, Any] | None = None):
+        self.writer = writer
+        self.warmup_epochs = warmup_epochs
+        self.delays = {name: ms / 1000.0 for name, ms in (delays_ms or {}).items()}
+        self.delays_ms = dict(delays_ms or {})
+        self.config = dict(config or {})
+        self.attached: dict[str, Any] = {}
+        self.stack: list[str] = []
+        self.marks: list[tuple[str, Any]] = []
+        self.delayed: set[str] = set()
+        self.epoch_steps = 0
+        self.epochs: list[dict] = []
+        self.total_steps = 0
+        self.phase_marks = 0
+        self.process_start = process_start_seconds()
+        self.started_unix_ns: int | None = None
+        self.steady_start_ns: int | None = None
+        self.epoch_host_start = 0.0
+        self.cuda = False  # whether this epoch's stamps are CUDA events
+        self.events: list[Any] = []  # recorded events, reused from epoch to epoch
+        self.spare_events: list[Any] = []
+        self.finished = False
+
+    # ---- marks ----------------------------------------------------------------------------------------
+
+    def stamp(self):
+        if not self.cuda:
+            return time.perf_counter()
+        if self.spare_events:
+            event = self.spare_events.pop()
+        else:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+        event.record()  # on the current stream
+        self.events.append(event)
+        return event
+
+    def begin_epoch(self) -> None:
+        # torch is never imported here: a loop that has not imported it has no device to time
+        self.cuda = "torch" in sys.modules and cuda_initialized()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()  # the previous epoch's queued work is that epoch's
+        self.epoch_host_start = time.perf_counter()
+        if self.started_unix_ns is None:
+            self.started_unix_ns = time.time_ns()
+        self.marks = [(self.stack[-1] if self.stack else OTHER, self.stamp())]
+
+    def enter(self, name: str, delay: bool = True) -> None:
+        """Opens phase `name`; its injected delay, if any, is slept now unless `delay` is false (the caller then
+        calls `delay_once` when it knows the phase is the one it opened)."""
+        if not self.marks:
+            self.begin_epoch()
+        self.stack.append(name)
+        self.phase_marks += 1
+        self.marks.append((name, self.stamp()))
+        if delay:
+            self.delay_once(name)
+
+    def delay_once(self, name: str) -> None:
+        if name in self.delays and name not in self.delayed:
+            # A known amount of work inside the phase, once per epoch, for `rlperf selfcheck`.
+            self.delayed.add(name)
+            time.sleep(self.delays[name])
+
+    def relabel(self, first_mark: int, old: str, new: str) -> None:
+        """Charges the segments of `old` from mark `first_mark` on to `new`, and makes the innermost open `old`
+        a `new`: a phase opened before what it was could be known (attach's forward with grad whose outputs
+        carry none)."""
+        self.marks[first_mark:] = [(new if label == old else label, stamp) for label, stamp in self.marks[first_mark:]]
+        for index in range(len(self.stack) - 1, -1, -1):
+            if self.stack[index] == old:
+                self.stack[index] = new
+                break
+
+    def exit(self, name: str) -> None:
+        if not self.stack or self.stack[-1] != name:
+            inner = f"{self.stack[-1]!r} is the innermost phase open" if self.stack else "no phase is open"
+            raise PhaseError(f"unbalanced phase mark: exit of {name!r} while {inner}")
+        self.stack.pop()
+        self.marks.append((self.stack[-1] if self.stack else OTHER, self.stamp()))
+
+    def steps(self, count: int) -> None:
+        if not self.marks:
+            self.begin_epoch()
+        self.epoch_steps += count
+
+    # ---- epochs ---------------------------------------------------------------------------------------
+
+    def end_epoch(self, cut: int | None = None) -> None:
+        """Closes the epoch at this moment, or at its mark `cut` (what followed it is dropped: the tail of a
+        run after its last update, which belongs to no epoch)."""
+        if not self.marks:
+            self.begin_epoch()
+        if cut is None:
+            marks, end = self.marks, self.stamp()
+        else:
+            marks, end = self.marks[:cut], self.marks[cut][1]
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        host_seconds = time.perf_counter() - self.epoch_host_start
+        phases = dict.fromkeys((*PHASES, OTHER), 0.0)
+        stamps = [stamp for _, stamp in marks] + [end]
+        for (label, start), stop in zip(marks, stamps[1:]):
+            phases[label] += start.elapsed_time(stop) / 1000.0 if self.cuda else stop - start
+        seconds = host_seconds if cut is None else sum(phases.values())
+        index = len(self.epochs)
+        warmup = index < self.warmup_epochs
+        if not warmup and self.steady_start_ns is None:
+            self.steady_start_ns = time.time_ns() - int(seconds * 1e9)
+        self.epochs.append({"epoch": index, "steps": self.epoch_steps, "seconds": seconds, "warmup": warmup,
+                            "phases": phases, "marks": len(marks), "episodes": 0, "mean_episode_return": None,
+                            "end_seconds": time.time() - self.process_start})
+        self.total_steps += self.epoch_steps
+        self.epoch_steps = 0
+        self.delayed.clear()
+        self.spare_events += self.events
+        self.events = []
+        self.begin_epoch()
+
+    # ---- the summary ----------------------------------------------------------------------------------
+
+    def refusal(self) -> str | None:
+        """Why no summary can be written, in one line; None when one can."""
+        steady = [epoch for epoch in self.epochs if not epoch["warmup"]]
+        if not self.epochs:
+            return "no epoch ended (end_epoch was never called, or the run ended before its first update)"
+        if self.phase_marks == 0:
+            return f"no phase was marked in {len(self.epochs)} epochs: every second would be `other`"
+        if not steady:
+            return (f"all {len(self.epochs)} epochs were warm-up ({WARMUP_VARIABLE}={self.warmup_epochs}): "
+                    "nothing steady to measure")
+        if not sum(epoch["steps"] for epoch in steady):
+            return "no agent steps were counted in the steady epochs (steps() was never called)"
+        return None
+
+    def summary(self) -> RunSummary:
+        steady = [epoch for epoch in self.epochs if not epoch["warmup"]]
+        steady_seconds = sum(epoch["seconds"] for epoch in steady)
+        steady_steps = sum(epoch["steps"] for epoch in steady)
+        phases = {name: sum(epoch["phases"][name] for epoch in steady) for name in (*PHASES, OTHER)}
+        wall = time.time() - self.process_start
+        steady_start = steady[0]["end_seconds"] - steady[0]["seconds"]
+        named = sum(seconds for name, seconds in phases.items() if name != OTHER)
+        return RunSummary(
+            schema=SCHEMA, writer=self.writer, config=self.config, sps=steady_steps / steady_seconds,
+            steps=self.total_steps, steady_steps=steady_steps, steady_seconds=steady_seconds, wall_seconds=wall,
+            phases=phases, epochs=self.epochs, sps_end_to_end=self.total_steps / wall,
+            warmup_seconds=steady_start, phase_coverage=named / steady_seconds if steady_seconds else None,
+            env_overlap={"env_busy_seconds": phases["env"], "env_wait_seconds": phases["env"],
+                         "policy_seconds": sum(phases[name] for name in ROLLOUT_POLICY_PHASES)},
+            device_name=self.device_name(), versions=versions(),
+            steady_window_unix_ns=[self.steady_start_ns or 0, time.time_ns()],
+            attached={"writer": self.writer, **self.attached, "unclaimed": phases[OTHER],
+                      "delays_ms": self.delays_ms,
+                      "marks_per_epoch": sum(epoch["marks"] for epoch in steady) / len(steady)},
+        )
+
+    def device_name(self) -> str:
+        if "torch" in sys.modules and cuda_initialized():
+            import torch
+
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+        return "cpu"
+
+    def write(self, path: str) -> bool:
+        """Writes the summary to `path`; says why in one line on stderr, and writes nothing, when it cannot."""
+        self.finished = True
+        why = self.refusal()
+        if why is not None:
+            sys.stderr.write(f"rlperf.phases: no summary written: {why}\n")
+            return False
+        import json
+
+        try:
+            with written_whole(path) as partial:
+                partial.write_text(json.dumps(self.summary().to_dict()))
+        except (OSError, MachineFault) as exc:  # at exit: one line, not a traceback
+            sys.stderr.write(f"rlperf.phases: no summary written: {path}: {exc}\n")
+            return False
+        return True
+
+
+def cuda_initialized() -> bool:
+    """Whether the process has a CUDA context (asked only once torch is imported)."""
+    import torch
+
+    return torch.cuda.is_initialized()
+
+
+def process_start_seconds() -> float:
+    """The unix time this process started (psutil reads it from the kernel); now, where it cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil absent or refused: the run's wall then starts at the first import of this module
+        return time.time()
+
+
+def versions() -> dict[str, str | None]:
+    found = {"python": platform.python_version(), "rlperf": __version__}
+    for name in ("torch", "numpy"):
+        module = sys.modules.get(name)
+        found[name] = getattr(module, "__version__", None) if module is not None else None
+    return found
+
+
+# ---- the module's API: one clock per process, only while the harness asks for a summary ------------------
+
+_clock: PhaseClock | None = None
+_path: str | None = None
+
+
+class _Phase:
+    """The context manager of one phase name; made once per name, so a `with` costs two calls."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self) -> None:
+        if _clock is not None:
+            _clock.enter(self.name)
+
+    def __exit__(self, *exc_info) -> None:
+        if _clock is not None:
+            _clock.exit(self.name)
+
+
+_PHASE_MANAGERS = {name: _Phase(name) for name in PHASES}
+
+
+def phase(name: str) -> _Phase:
+    """The context manager of phase `name` (one of the reference trainer's names: rlperf.summary.PHASES)."""
+    try:
+        return _PHASE_MANAGERS[name]
+    except KeyError:
+        raise PhaseError(f"unknown phase {name!r} (allowed: {', '.join(PHASES)})") from None
+
+
+def enter(name: str) -> None:
+    """Opens phase `name` without a `with` (close it with `exit(name)`)."""
+    phase(name).__enter__()
+
+
+def exit(name: str) -> None:  # noqa: A001 - the API's pair to enter
+    phase(name).__exit__(None, None, None)
+
+
+def steps(count: int) -> None:
+    """Counts `count` agent steps (environment steps times agents) in the epoch in progress."""
+    if _clock is not None:
+        _clock.steps(count)
+
+
+def end_epoch() -> None:
+    """Ends the epoch in progress (one rollout and its update); the next begins at once."""
+    if _clock is not None:
+        _clock.end_epoch()
+
+
+def configure(**settings: Any) -> None:
+    """Records the run's settings in the summary's `config` (for example `num_envs=8`)."""
+    if _clock is not None:
+        _clock.config.update(settings)
+
+
+def finish() -> bool:
+    """Writes the summary now (else it is written at exit); True when one was written."""
+    if _clock is None or _clock.finished:
+        return False
+    return _clock.write(_path)
+
+
+def active() -> bool:
+    """Whether this process is timing its phases (the harness asked for a summary)."""
+    return _clock is not None
+
+
+def start(path: str, writer: str = "phases", environ: dict[str, str] | None = None) -> PhaseClock:
+    """Starts timing this process's phases, the summary to be written to `path`."""
+    global _clock, _path
+    environ = os.environ if environ is None else environ
+    _clock = PhaseClock(writer, parse_warmup(environ.get(WARMUP_VARIABLE, "1")),
+                        parse_delays(environ.get(DELAY_VARIABLE, "")))
+    _path = path
+    os.environ[OWNER_VARIABLE] = str(os.getpid())
+    atexit.register(finish)
+    os.register_at_fork(after_in_child=_stop_in_child)
+    return _clock
+
+
+def stop() -> None:
+    """Stops timing without writing a summary (a test's clean-up; a process that changes its mind)."""
+    global _clock
+    if _clock is not None:
+        _clock.finished = True
+    _clock = None
+
+
+def _stop_in_child() -> None:
+    """A forked child (an env worker) times nothing and writes nothing: the summary is its parent's."""
+    global _clock
+    _clock = None
+
+
+def _start_from_environment() -> None:
+    path = os.environ.get(SUMMARY_VARIABLE)
+    owner = os.environ.get(OWNER_VARIABLE)
+    if path and (owner is None or owner == str(os.getpid())):
+        try:
+            start(path)
+        except PhaseError as exc:  # the harness's variables are bad input: one line, exit 2
+            sys.stderr.write(f"rlperf.phases: {exc}\n")
+            raise SystemExit(2) from None
+
+
+_start_from_environment()

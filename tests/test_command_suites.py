@@ -1,0 +1,182 @@
+"""Suites of commands (benches/suite.py): a point is a user's command with the axes substituted in, run under
+`rlperf attach` (or marking its own phases), stored, reported and gated like the reference trainer's points;
+a command that is not found, fails, writes no summary, hangs or never marks a phase is a stored point with its
+reason, and the other points are kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from projectrepo import GIT_ENV, commit, git, project_repo
+
+from benches import suite as suites
+from rlperf.errors import BadInput
+from rlperf.store import Store
+
+# A user's training loop: pure Python, its phases marked through rlperf.phases, its step times slept.
+TRAIN = textwrap.dedent("""
+    import argparse, sys, time
+    from rlperf import phases
+
+    LEARN_S = 0.040
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n-envs", type=int, default=4)
+    parser.add_argument("--mode", default="ok")
+    args = parser.parse_args()
+    if args.mode == "crash":
+        sys.exit("RuntimeError: the simulator lost its licence (pretend)")
+    if args.mode == "hang":
+        time.sleep(600)
+    phases.configure(n_envs=args.n_envs)
+    for epoch in range(6):
+        for step in range(4):
+            if args.mode != "nophase":
+                with phases.phase("eval_forward"):
+                    time.sleep(0.0005)
+                with phases.phase("env"):
+                    time.sleep(0.0001 * args.n_envs)
+            phases.steps(args.n_envs)
+        if args.mode != "nophase":
+            with phases.phase("learn"):
+                time.sleep(LEARN_S)
+        phases.end_epoch()
+""")
+
+
+def suite_text(axes: str, **options) -> str:
+    head = "\n".join(f"{key} = {json.dumps(value)}" for key, value in options.items())
+    return textwrap.dedent(f"""
+        command = ["{sys.executable}", "train.py", "--n-envs", "{{num_envs}}", "--mode", "{{mode}}"]
+        attach = false
+        repeats = 1
+        sample_hz = 0
+        {head}
+        [fixed]
+        mode = "ok"
+        [axes]
+    """) + textwrap.dedent(axes)
+
+
+def user_repo(tmp_path: Path, suite: str) -> Path:
+    repo = tmp_path / "user"
+    repo.mkdir()
+    (repo / "train.py").write_text(TRAIN)
+    (repo / "suite.toml").write_text(suite)
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, "A training loop and its suite")
+    return repo
+
+
+def test_a_command_suite_substitutes_its_axes_into_each_points_command(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(suite_text("num_envs = [2, 8]"))
+    loaded = suites.load(str(path))
+    assert loaded.is_command_suite and [p.key for p in loaded.points] == ['{"num_envs":2}', '{"num_envs":8}']
+    config = loaded.points[1].config
+    assert config["command"] == [sys.executable, "train.py", "--n-envs", "8", "--mode", "ok"]
+    assert config["device"] == "cpu" and config["attach"] is False and config["world_size"] == 1
+
+
+@pytest.mark.parametrize("text, line", [
+    ('command = ["python", "{seeds}"]\n[axes]\nnum_envs = [1]', "command[1]: {seeds} names no setting of the suite"),
+    ('command = ["python"]\n[fixed]\ndevice = "tpu"', "fixed.device: must be a device: cpu, cuda or cuda:N"),
+    ('command = ["python"]\nprofile = true', "profile: a suite of commands has no traced run"),
+    ('attach = false\n[axes]\nnum_envs = [1]', "attach: belongs to a suite of commands: set `command` too"),
+    ('command = "python train.py"', "command: must be a trainer's command as a list of strings"),
+])
+def test_a_bad_command_suite_is_one_line_naming_its_key(tmp_path, text, line):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(BadInput) as refused:
+        suites.load(str(path))
+    assert line in str(refused.value) and "\n" not in str(refused.value)
+
+
+def run_rlperf(repo: Path, *args: str, timeout: float, rlperf_copy: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m rlperf` run in the user's repository; with `rlperf_copy` (tests/projectrepo.py's copy, whose
+    interference monitor counts every repeat as quiet) that copy is the rlperf imported, by it and its commands."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RLPERF_") and key != "PYTHONPATH"}
+    if rlperf_copy is not None:
+        env["PYTHONPATH"] = str(rlperf_copy)
+    return subprocess.run([sys.executable, "-m", "rlperf", *args], cwd=repo, capture_output=True, text=True,
+                          timeout=timeout, env={**env, **GIT_ENV, "RLPERF_LOCK": str(repo.parent / "bench.lock")})
+
+
+SWEEP = textwrap.dedent("""
+    command = ["{python}", "train.py", "--n-envs", "{num_envs}", "--mode", "{mode}"]
+    attach = false
+    repeats = 1
+    sample_hz = 0
+    timeout_s = 6
+    [[sweep]]
+    python = ["%s"]
+    num_envs = [2, 8]
+    mode = ["ok"]
+    [[sweep]]
+    python = ["%s"]
+    num_envs = [2]
+    mode = ["crash", "nophase", "hang"]
+    [[sweep]]
+    python = ["no-such-python"]
+    num_envs = [2]
+    mode = ["ok"]
+""") % (sys.executable, sys.executable)
+
+
+def key(python: str = sys.executable, **axes) -> str:
+    return json.dumps({"python": python, **axes}, sort_keys=True, separators=(",", ":"))
+
+
+def test_a_sweep_of_commands_is_stored_reported_and_keeps_its_failures_with_their_reasons(tmp_path):
+    repo = user_repo(tmp_path, SWEEP)
+    done = run_rlperf(repo, "bench", "--suite", "suite.toml", "--out", "../out", timeout=180)
+    with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
+        run_id = store.latest_run()
+        points = {row.point_key: row for row in store.points(run_id).itertuples()}
+        samples = store.samples(run_id)
+        fingerprint = store.fingerprint(run_id)
+    assert fingerprint["git"]["commit"] == git(repo, "rev-parse", "HEAD")  # the user's repository, not rlperf's
+    ok = [point_key for point_key, row in points.items() if row.status == "ok"]
+    assert sorted(ok) == [key(mode="ok", num_envs=2), key(mode="ok", num_envs=8)], done.stdout + done.stderr
+    crash, nophase, hang = (points[key(mode=mode, num_envs=2)] for mode in ("crash", "nophase", "hang"))
+    missing = points[key("no-such-python", mode="ok", num_envs=2)]
+    assert crash.status == "failed" and "exit code 1" in crash.reason and "lost its licence" in crash.reason
+    assert nophase.status == "failed" and "no phase was marked in 6 epochs" in nophase.reason
+    assert hang.status == "timeout" and hang.reason.startswith("repeat 1 of 1: killed after 6 s")
+    assert missing.status == "failed" and "command: 'no-such-python' not found" in missing.reason
+    summary = samples[samples["point_key"] == key(mode="ok", num_envs=8)]["summary"].iloc[0]
+    assert summary.writer == "phases" and summary.steady_steps == 5 * 4 * 8 and summary.config == {"n_envs": 8}
+    report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
+    assert "Phase breakdown" in report and "Which side waits" in report and "No roofline for " in report
+
+
+@pytest.mark.timeout(400)
+def test_the_gate_fails_a_commit_that_slows_a_users_learn_step_by_ten_percent_and_names_it(tmp_path):
+    repo = user_repo(tmp_path, suite_text("num_envs = [4]", timeout_s=60))
+    # a shared test machine is busy: this copy of rlperf counts every pair as quiet, so the speeds decide
+    rlperf_copy = project_repo(tmp_path)
+    gate = ("gate", "--suite", "suite.toml", "--baseline", "HEAD", "--max-repeats", "8", "--screen-pairs", "4",
+            "--refine-points", "0")
+    clean = run_rlperf(repo, *gate, "--out", "../clean", timeout=380, rlperf_copy=rlperf_copy)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert clean.stdout.strip().splitlines()[-1].startswith("gate: no point got slower")
+    train = repo / "train.py"
+    train.write_text(train.read_text().replace("LEARN_S = 0.040", "LEARN_S = 0.044"))
+    slowed = run_rlperf(repo, *gate, "--out", "../slowed", timeout=380, rlperf_copy=rlperf_copy)
+    assert slowed.returncode == 1, slowed.stdout + slowed.stderr
+    last = slowed.stdout.strip().splitlines()[-1]
+    # the phase named: learn's time per step grew, and no other phase's
+    assert last.startswith("gate: regressed: num_envs=4 -") and last.endswith(" (learn grew)"), last
+    with Store.open(tmp_path / "slowed" / "results.sqlite", readonly=True) as store:
+        runs = store.runs()
+        screen_new = next(row.run_id for row in runs.itertuples()
+                          if row.fingerprint["gate"]["stage"] == "screen" and row.fingerprint["gate"]["side"] == "new")
+        assert {row.fingerprint["git"]["commit"] for row in runs.itertuples()} == {git(repo, "rev-parse", "HEAD")}
+    assert last in (tmp_path / "slowed" / screen_new / "report" / "report.md").read_text()
