@@ -56,12 +56,16 @@ def measure(command: list[str], pairs: int, seed: int = 0) -> dict:
             "cost": 1 - statistics.median(ratios), "cpu_cost": 1 - statistics.median(cpu_ratios)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benches.attach_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="write every pair and the median here (JSON)")
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     command = resolved(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
     result = measure(command, args.pairs)
     if args.out is not None:

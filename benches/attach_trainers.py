@@ -51,11 +51,15 @@ def measure(name: str) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benches.attach_trainers", description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", choices=sorted(TRAINERS), action="append")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     results = {name: measure(name) for name in (args.trainer or sorted(TRAINERS))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -50,11 +50,15 @@ def measure(withs: int, runs: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benches.phase_marks", description=__doc__.splitlines()[0])
     parser.add_argument("--withs", type=int, default=100_000, help="phases entered and left per run (default 100000)")
     parser.add_argument("--runs", type=int, default=9, help="runs of each kind (default 9)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     result = measure(args.withs, args.runs)
     print(json.dumps({key: value for key, value in result.items() if key != "seconds"}))
     print(f"a mark costs {result['ns_per_mark_on']:.0f} ns with the clock on, {result['ns_per_mark_off']:.0f} ns off "
