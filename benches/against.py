@@ -26,7 +26,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import Pairing
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions.sequential import Design, pairing_entry

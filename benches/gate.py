@@ -27,7 +27,7 @@ from benches import forecast, suite as suites
 from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules

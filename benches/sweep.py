@@ -20,7 +20,7 @@ from rich.table import Table
 
 from benches import suite as suites
 from benches.options import ProcessOptions
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
 from decisions.intervals import fewest_repeats

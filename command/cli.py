@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "compare": ("reports.compare_cli", "compare two machines' results side by side"),
     "runs": ("reports.runs_cli", "list a store's runs, or print the newest run id of a suite"),
     "profile": ("profilers.cli", "run the trainer under torch.profiler, NVML sampling and py-spy"),
-    "probe": ("benches.peaks", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
+    "probe": ("benches.peak_probe", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
     "doctor": ("command.doctor", "is this GPU machine ready to be a benchmark runner? its GPU tests, smoke, a trace "
                                  "and a small night"),
 }

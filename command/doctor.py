@@ -174,9 +174,9 @@ def last_line(log: Path, width: int = 160) -> str:
 
 
 def smoke_roofline_problem(store_path: Path, log: Path) -> str | None:
-    """Whether the smoke's newest run has a whole roofline (benches.peaks.roofline_problem); where the probe
+    """Whether the smoke's newest run has a whole roofline (benches.peak_probe.roofline_problem); where the probe
     failed, its own line from the smoke's log says how."""
-    from benches.peaks import roofline_problem
+    from benches.peak_probe import roofline_problem
     from rlperf.store import Store
 
     if not store_path.is_file():

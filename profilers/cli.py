@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         with written_whole(args.json) as partial:
             partial.write_text(json.dumps(result.profile, indent=1))
     if not args.quiet:
-        from profilers.render import print_profile
+        from profilers.profile_tables import print_profile
 
         print_profile(result.profile)
     return result.returncode

@@ -1,4 +1,4 @@
-"""`rlperf selfcheck`: proves the phase breakdown puts time where it was spent (reference_trainer/selfcheck.py),
+"""`rlperf selfcheck`: proves the phase breakdown puts time where it was spent (reference_trainer/attribution.py),
 each training bracketed by the interference monitor, as a sweep's repeats are.
 
 A share short of its delay on a quiet machine is a FAIL: the timer charged the delay elsewhere. A share short of
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from profilers.interference import InterferenceMonitor
-from reference_trainer import selfcheck
+from reference_trainer import attribution
 from reference_trainer.config import MAX_INJECT_DELAY_MS, TrainConfig
 from rlperf.arguments import number_in
 
@@ -57,17 +57,17 @@ def run(args: argparse.Namespace) -> int:
         finally:
             accounts[name] = monitor.stop()
 
-    shares = selfcheck.attributed_shares(args.delay_ms, args.epochs, args.device, monitored)
+    shares = attribution.attributed_shares(args.delay_ms, args.epochs, args.device, monitored)
     table = Table(title=f"{args.delay_ms:g} ms injected per epoch; share attributed to the phase")
     table.add_column("phase")
     table.add_column("attributed", justify="right")
     table.add_column("verdict")
     contended_runs = []
     for row, share in shares.items():
-        if share >= selfcheck.REQUIRED_SHARE:
+        if share >= attribution.REQUIRED_SHARE:
             verdict = "[green]ok[/green]"
         else:
-            busy = [name for name in (selfcheck.BASELINE, selfcheck.delayed_run(row)) if accounts[name]["contended"]]
+            busy = [name for name in (attribution.BASELINE, attribution.delayed_run(row)) if accounts[name]["contended"]]
             verdict = "[yellow]contended[/yellow]" if busy else "[red]FAIL[/red]"
             contended_runs += [name for name in busy if name not in contended_runs]
         table.add_row(row, f"{100 * share:.1f}%", verdict)
@@ -81,4 +81,4 @@ def run(args: argparse.Namespace) -> int:
     unwatched = {account["gpu_watch_unavailable"] for account in accounts.values() if account["gpu_watch_unavailable"]}
     for reason in sorted(unwatched):
         console.print(f"note: {reason}", soft_wrap=True)
-    return 0 if all(share >= selfcheck.REQUIRED_SHARE for share in shares.values()) else 1
+    return 0 if all(share >= attribution.REQUIRED_SHARE for share in shares.values()) else 1

@@ -1,7 +1,7 @@
 """A machine's measured peaks, and the kernels both the trainer's work counts and the probe name.
 
 The trainer counts, per phase, the matrix products and convolutions it runs (reference_trainer/work.py);
-the probe (benches/peaks.py, `rlperf probe`) times those same kernels at the same shapes, and the machine's
+the probe (benches/peak_probe.py, `rlperf probe`) times those same kernels at the same shapes, and the machine's
 roofs: its fastest large matrix products, memory bandwidth, host<->device copies and the cost of one tiny op.
 The store keeps each measurement as a row of its `peaks` table (rlperf.store.PEAK_COLUMNS) keyed by
 machine_key; reports read them through `Peaks`. Importing this module stays cheap (no torch).

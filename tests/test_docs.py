@@ -41,7 +41,7 @@ from test_floors import FLOORS
 
 NOT_SHELL = {"toml", "python", "py", "json", "yaml", "yml", "ini", "diff", "html", "csv"}
 # modules the docs may show that read no command line
-NO_ARGUMENTS = {"rlperf.machine", "benches.peaks"}
+NO_ARGUMENTS = {"rlperf.machine", "benches.peak_probe"}
 # a module whose trailing arguments are another command's: checked as that command's
 REMAINDER_OF = {"profilers.sampler_cost": "train"}
 PYTEST_SESSIONS = {"tests", "bench_micro"}

@@ -25,7 +25,7 @@ from reference_trainer import envs as envs_module
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import EpisodePieces, Policy
-from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
+from reference_trainer.attribution import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.train import Trainer, train
 
@@ -361,7 +361,7 @@ def test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs():
     tiny op, the four copies, and every kernel of the smoke's LSTM-128 at 1024 and 4096 envs (the heads of one
     and four outputs among them) and a convolution's, graphed in float32 and bfloat16: 42 kernels timed at once,
     more than torch's pool has streams (32). An H200 smoke's probe ended in a CUDA error among such needs."""
-    from benches import peaks as probe
+    from benches import peak_probe as probe
     from rlperf import peaks
 
     name = torch.cuda.get_device_name(0)

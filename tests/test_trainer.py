@@ -168,7 +168,7 @@ def test_the_setup_stages_tile_the_time_before_the_first_epoch():
 
 
 def test_injected_delay_lands_in_its_phase():
-    from reference_trainer.selfcheck import median_phase_seconds
+    from reference_trainer.attribution import median_phase_seconds
 
     base = train(small(total_steps=16 * 8 * 8))
     delayed = train(small(total_steps=16 * 8 * 8, inject_delay={"train_misc": 50.0}))

@@ -16,7 +16,7 @@ peak is a ceiling: read low, it would call a phase faster than its ceiling. A ho
 device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
 timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny op's
 rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the thread count
-its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
+its runs used. Run as `python -m benches.peak_probe`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
 and writes the measured rows, and the need whose measurement failed if one did, as JSON on stdout.
 """
 
@@ -536,7 +536,7 @@ def probe_process(needs: list[dict[str, Any]], python: str) -> list[dict[str, An
     """One fresh interpreter measuring `needs`: its rows, or ProbeFailed with the rows it measured and the need
     that failed."""
     try:
-        done = subprocess.run([python, "-m", "benches.peaks"], input=json.dumps(needs), capture_output=True,
+        done = subprocess.run([python, "-m", "benches.peak_probe"], input=json.dumps(needs), capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise BadInput(f"peaks: the probe did not finish within {PROBE_TIMEOUT_S:.0f} s") from None
