@@ -36,6 +36,7 @@ from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
 from rlperf.store import PointRecord, Store, utc_now
+from rlperf.terminal import say_on
 
 
 class Against:
@@ -48,10 +49,8 @@ class Against:
         self.ref = ref
         self.until_decided = until_decided
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True)
 
     def run(self) -> int:
         opts = self.options

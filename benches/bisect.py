@@ -54,6 +54,7 @@ from rlperf.lock import MeasurementLock
 from rlperf.machine import REPO_ROOT, Machine, collect, machine_key, probe
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
+from rlperf.terminal import say_on
 
 SHORT = 7  # characters of a commit hash shown
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -240,12 +241,10 @@ class Bisect:
         self.wanted_point = point
         self.json_path = json_path
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
         self.steps: list[Step] = []
         self.record: dict[str, Any] = {}
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def check(self) -> tuple[suites.Suite, suites.Point, Commit, Commit, list[Commit]]:
         """Every input check, before anything is measured: each failure is one line, exit 2."""

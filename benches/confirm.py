@@ -37,6 +37,7 @@ from rlperf.lock import MeasurementLock
 from rlperf.machine import collect, machine_key, probe
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, utc_now
+from rlperf.terminal import say_on
 
 TIMEOUT_S = 600.0
 
@@ -63,9 +64,7 @@ class Confirm:
         self.options = options
         self.store_path = store_path
         self.console = console
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
+        self.say = say_on(self.console)
 
     def run(self) -> int:
         opts, store_path = self.options, self.store_path

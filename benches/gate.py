@@ -40,6 +40,7 @@ from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
 from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store
+from rlperf.terminal import say_on
 
 
 class Gate:
@@ -58,11 +59,9 @@ class Gate:
         self.refine_points = refine_points
         self.summary = summary
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
         self.runs: dict[tuple[str, str], str] = {}  # (stage, side) -> run id
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def run(self) -> int:
         opts = self.options
