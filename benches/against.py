@@ -103,7 +103,7 @@ class Against:
     def conclude(self, store_path: Path, ref_run: str, new_run: str, verdicts: list[PointVerdict]) -> int:
         """The report of the working tree against the reference, its verdicts printed; the exit code."""
         opts = self.options
-        from reports.cli import print_verdicts
+        from reports.formatting import print_verdicts
         from reports.render import render
         from decisions.rundata import load_run
 
