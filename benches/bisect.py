@@ -1,29 +1,7 @@
-"""`rlperf bisect GOOD BAD --suite SUITE [--point KEY]`: the first commit between GOOD and BAD at which one
-point of a suite runs slower than at GOOD.
+"""The search of `rlperf bisect`: the first commit between GOOD and BAD at which one point runs slower than at GOOD.
 
-The commits searched are BAD's first-parent chain back to GOOD, kept to GOOD's descendants (`git rev-list
---first-parent GOOD..BAD`, cut where `--ancestry-path` ends): a branch merged in between is one step, its merge
-commit, as with `git bisect --first-parent`. A binary search assumes that once slow, the point stays slow.
-
-Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
-for the whole search, in pairs of processes with the machinery of `rlperf bench --against --until-decided`
-(benches/pairing.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
-to `max_repeats` pairs or `budget_s` seconds. The question is one-sided, "is this commit slower?", so all of
-alpha goes to it and the first look comes sooner. `regressed` makes the commit bad; `not slower` (shown not
-slower than GOOD by the threshold, however fast it may be) makes it good. A verdict still inconclusive at the
-limit, or a commit whose trainer fails, is skipped, as `git bisect skip` does, and the next probe is the untried
-commit nearest the middle of what is left.
-
-BAD is measured first: if it is not shown slower than GOOD there is nothing to look for. Its slowdown also sets
-the threshold for the other commits (unless one is given): a commit is good only when it is shown not slower by
-more than the threshold, and with the default 5% on a machine whose processes vary by about 12% that takes more
-pairs than a search can spend on each commit. The threshold used instead is the midpoint, on a log scale,
-between GOOD and BAD: a commit is bad when it is significantly slower and more than half the way (as a ratio) to
-BAD's speed, good when it is shown to stay within that distance of GOOD. Each step's verdict is wrong with a
-chance of at most alpha, so a search of k steps names a wrong commit with a chance of at most k * alpha.
-
-Every measured commit is stored as a run, next to the run of GOOD's processes it was measured against, so
-`rlperf report` and `rlperf report --history` see them.
+A binary search over BAD's first-parent chain, each probed commit measured against GOOD in pairs by a one-sided
+sequential design; BAD first, its slowdown setting the threshold for the rest (docs/gate.md, `rlperf bisect`).
 """
 
 from __future__ import annotations
@@ -133,7 +111,7 @@ def commit_info(sha: str) -> Commit:
 
 
 def commits_between(good: str, bad: str) -> list[Commit]:
-    """The commits after GOOD up to BAD on BAD's first-parent chain, oldest first (see the module's text)."""
+    """The commits after GOOD up to BAD on BAD's first-parent chain, oldest first, kept to GOOD's descendants."""
     descendants = set(git("rev-list", "--ancestry-path", f"{good}..{bad}").split())
     chain = []
     for line in git("log", "--first-parent", "--format=%H%x1f%s", f"{good}..{bad}").splitlines():

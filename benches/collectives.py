@@ -1,17 +1,7 @@
 """All_reduce, all_gather, reduce_scatter and broadcast timed over a sweep of message sizes (`rlperf collectives`).
 
-Launching. Under torchrun (or any launcher that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT) this
-process is one rank, and rank 0 prints and stores the results. Otherwise it starts `--world-size` rank
-processes on this machine and watches them (rlperf.processes): a rank that exits badly, or enters no new
-collective for `--rank-timeout` seconds, fails the run with the rank named, and the other ranks are stopped.
-
-Measuring. Each size of each op runs once with its result checked, then `--warmup` times, then `--iters`
-timed times. Every timed iteration is clocked on every rank (CUDA events on GPU, read after a synchronize;
-a monotonic clock on CPU, where gloo calls return when done) and the slowest rank's time is kept: an
-all_reduce with MAX over the ranks' times. Sizes and bandwidths follow the nccl-tests convention: the size
-of all_gather is the gathered output and of reduce_scatter the full input; algbw = bytes / time, and busbw =
-algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast, which makes
-busbw comparable with the link's bandwidth whatever the rank count.
+The ranks are launched and watched here, or joined under torchrun; each call is clocked on every rank and the
+slowest kept, and sizes and bandwidths follow nccl-tests (docs/multi-gpu.md#rlperf-collectives).
 """
 
 from __future__ import annotations

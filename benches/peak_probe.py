@@ -1,23 +1,8 @@
 """This machine's peaks, measured here rather than looked up (`rlperf probe`, and a sweep for its run's roofline).
 
-What: on the device, the matrix-product peak in float32 (and bfloat16, float16 where the device has them: the
-fastest of square products of growing size, rlperf.peaks.ROOF_SIDES), memory bandwidth (a large copy, reads
-and writes counted), the cost of one tiny op (an add of one element: a dispatch on a CPU, a launch on a GPU),
-and on CUDA host->device and device->host copies from pinned and pageable memory. With `--store`, also every
-kernel (rlperf/peaks.py) that this machine's runs in the store computed, stored or not: readers keep each
-quantity's fastest measurement, so measuring again only ever raises a ceiling read low. A sweep measures the
-ones its own run lacks a quiet measurement of by itself.
-
-How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls, each waited for on a
-GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing as
-many calls as take about TIMING_S; the value is the fastest of those rates. Other work only ever slows a timing,
-so the fastest is the closest to what the machine can do (STREAM reports its best rate for the same reason), and a
-peak is a ceiling: read low, it would call a phase faster than its ceiling. A host clock brackets each timing, the
-device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
-timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny op's
-rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the thread count
-its runs used. Run as `python -m benches.peak_probe`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
-and writes the measured rows, and the need whose measurement failed if one did, as JSON on stdout.
+Each quantity is timed several times after a warm-up and the fastest rate kept: other work only ever slows a timing,
+and a peak is a ceiling (docs/machines.md#how-far-from-the-machines-limits). Run as `python -m benches.peak_probe`,
+it reads the needs as JSON on stdin and writes the measured rows as JSON on stdout.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""`rlperf confirm STORE`: measure the commits either side of each change point again, in one job, in pairs.
-
-A change point in the history (decisions/changepoints.py) says that a point's SPS moved between two runs of
-different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
-measured again here: the commit of the last run before it against the commit of the run where it began, each in
-a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
-`rlperf bench --against --until-decided`, benches/pairing.py). Both sides are stored as runs naming the change
-point they confirm, and `rlperf report --history` shows each change point as confirmed (the pairs claim the same
-direction), not confirmed, or undecided.
+"""`rlperf confirm STORE`: measure the commits either side of each change point again, in one job, in pairs
+(benches/confirm.py; docs/gate.md#confirming-a-change-point-rlperf-confirm).
 
 Exit codes: 0 when every change point measured was confirmed (or there was none to measure), 1 when one was not
 (or the machine refused a write), 2 for bad input.

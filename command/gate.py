@@ -1,15 +1,8 @@
-"""`rlperf gate --suite SUITE --baseline REF`: did any point of the suite get slower than at commit REF?
-
-Both commits are measured tonight, in pairs of processes (benches/pairing.py; REF in a temporary git worktree,
-the working tree beside it), in two stages (benches/night.py) whose rules are decisions/screening.py's: a
-screen of every point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each
-at its share of alpha. Every process is stored as it lands, in four runs at most: the screen's two (the working
-tree's is the night's measurement of the suite, for the history) and the confirmation's two, each naming the
-gate's plan and the runs it belongs with, so `rlperf report` shows the same verdicts later.
+"""`rlperf gate --suite SUITE --baseline REF`: did any point of the suite get slower than at commit REF? Both are
+measured tonight in pairs of processes (benches/gate.py; docs/gate.md#rlperf-gate).
 
 Exit codes: 0 when no point regressed and every point was measured, 1 when a point regressed (or the machine
-refused a write), 3 when a point could not be measured (a process failed, too few quiet pairs), 2 for bad
-input; the last line says why.
+refused a write), 3 when a point could not be measured or decided, 2 for bad input; the last line says why.
 """
 
 from __future__ import annotations

@@ -72,12 +72,9 @@ def test_two_ranks_use_the_requested_gpus_and_report_the_requested_device(tmp_pa
 
 
 def test_async_copies_deliver_exactly_what_blocking_copies_do():
-    # The synthetic env's observations and rewards depend on the step and on the actions taken: an
-    # observation read before its copy landed, or an action read before it reached the host, changes
-    # the data and so every loss after it. The delay hook holds every copy back by far longer than the
-    # host takes to step, so a missing wait shows; tolerances allow for reduction order only. The two
-    # waits there are (the host on actions_ready, the compute stream on obs_ready) each guard one of those
-    # reads; every other order the copies need follows from them (Trainer.finish_env_step and rollout say how).
+    # A copy read before it landed changes the data and every later loss. The delay hook holds every copy back far
+    # longer than the host takes to step, so a missing wait (the host on actions_ready, the compute stream on
+    # obs_ready) shows; tolerances allow for reduction order only.
     blocking = per_epoch_losses(train(cuda_cfg()))
     steady_steps = (len(blocking) - BASE["warmup_epochs"]) * BASE["horizon"]
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),
