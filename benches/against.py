@@ -1,18 +1,5 @@
 """`rlperf bench --against REF`: the suite measured at REF and at the working tree in pairs of processes,
-point by point, so that drift and neighbours land on both sides alike (as asv's `continuous` does).
-
-REF is checked out in a temporary git worktree (benches/worktrees.py) and its trainer runs from there with the
-same Python, so only the code differs. The pairs are benches/pairing.py's. Inside each pair the order is drawn
-at random and stored with the samples: under "the change does nothing to this point" each pair's log ratio is
-then as likely to lean either way whatever the machine does, and the paired signed-rank test of
-decisions/sequential.py is exact. A pair whose processes either one was
-contended is left out whole. Both sides go into the store as runs of their own, REF's first, the working tree's
-naming REF's, with the design that judges them (`pairing`), so `rlperf report` judges them again the same way.
-
-With `until_decided`, pairs are added to each point until its verdict is decided (regressed, improved,
-unchanged or not slower) or a limit is reached (`max_repeats` pairs, or `budget_s` seconds for the point): the
-design looks at the pairs at fixed counts and spends alpha over its looks, each point getting alpha / points.
-Without it, each point gets the suite's repeats in pairs and one look at the end.
+point by point, so that drift and neighbours land on both sides alike (docs/gate.md, `--against`).
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ from rich.console import Console
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import Pairing
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions.sequential import Design, pairing_entry
@@ -36,6 +23,7 @@ from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
 from rlperf.store import PointRecord, Store, utc_now
+from rlperf.terminal import say_on
 
 
 class Against:
@@ -48,10 +36,8 @@ class Against:
         self.ref = ref
         self.until_decided = until_decided
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True)
 
     def run(self) -> int:
         opts = self.options
@@ -104,7 +90,7 @@ class Against:
     def conclude(self, store_path: Path, ref_run: str, new_run: str, verdicts: list[PointVerdict]) -> int:
         """The report of the working tree against the reference, its verdicts printed; the exit code."""
         opts = self.options
-        from reports.cli import print_verdicts
+        from reports.formatting import print_verdicts
         from reports.render import render
         from decisions.rundata import load_run
 

@@ -1,34 +1,11 @@
-"""`rlperf bisect GOOD BAD --suite SUITE [--point KEY]`: the first commit between GOOD and BAD at which one
-point of a suite runs slower than at GOOD.
+"""The search of `rlperf bisect`: the first commit between GOOD and BAD at which one point runs slower than at GOOD.
 
-The commits searched are BAD's first-parent chain back to GOOD, kept to GOOD's descendants (`git rev-list
---first-parent GOOD..BAD`, cut where `--ancestry-path` ends): a branch merged in between is one step, its merge
-commit, as with `git bisect --first-parent`. A binary search assumes that once slow, the point stays slow.
-
-Each probed commit is checked out in a temporary git worktree and measured against GOOD, whose worktree stays
-for the whole search, in pairs of processes with the machinery of `rlperf bench --against --until-decided`
-(benches/pairing.py): pairs are added until a one-sided sequential design (decisions/sequential.py) decides, up
-to `max_repeats` pairs or `budget_s` seconds. The question is one-sided, "is this commit slower?", so all of
-alpha goes to it and the first look comes sooner. `regressed` makes the commit bad; `not slower` (shown not
-slower than GOOD by the threshold, however fast it may be) makes it good. A verdict still inconclusive at the
-limit, or a commit whose trainer fails, is skipped, as `git bisect skip` does, and the next probe is the untried
-commit nearest the middle of what is left.
-
-BAD is measured first: if it is not shown slower than GOOD there is nothing to look for. Its slowdown also sets
-the threshold for the other commits (unless one is given): a commit is good only when it is shown not slower by
-more than the threshold, and with the default 5% on a machine whose processes vary by about 12% that takes more
-pairs than a search can spend on each commit. The threshold used instead is the midpoint, on a log scale,
-between GOOD and BAD: a commit is bad when it is significantly slower and more than half the way (as a ratio) to
-BAD's speed, good when it is shown to stay within that distance of GOOD. Each step's verdict is wrong with a
-chance of at most alpha, so a search of k steps names a wrong commit with a chance of at most k * alpha.
-
-Every measured commit is stored as a run, next to the run of GOOD's processes it was measured against, so
-`rlperf report` and `rlperf report --history` see them.
+A binary search over BAD's first-parent chain, each probed commit measured against GOOD in pairs by a one-sided
+sequential design; BAD first, its slowdown setting the threshold for the rest (docs/gate.md, `rlperf bisect`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import subprocess
@@ -44,16 +21,15 @@ from benches.pairing import Pairing
 from benches.options import ProcessOptions
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import git, resolve_commit, worktree
-from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from decisions.criteria import DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
-from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process_options, add_threshold
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
-from rlperf.layout import DEFAULT_OUT, STORE_FILE
+from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key, measured_repository, probe
-from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
+from rlperf.terminal import say_on
 
 SHORT = 7  # characters of a commit hash shown
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -135,7 +111,7 @@ def commit_info(sha: str) -> Commit:
 
 
 def commits_between(good: str, bad: str) -> list[Commit]:
-    """The commits after GOOD up to BAD on BAD's first-parent chain, oldest first (see the module's text)."""
+    """The commits after GOOD up to BAD on BAD's first-parent chain, oldest first, kept to GOOD's descendants."""
     descendants = set(git("rev-list", "--ancestry-path", f"{good}..{bad}").split())
     chain = []
     for line in git("log", "--first-parent", "--format=%H%x1f%s", f"{good}..{bad}").splitlines():
@@ -240,12 +216,10 @@ class Bisect:
         self.wanted_point = point
         self.json_path = json_path
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
         self.steps: list[Step] = []
         self.record: dict[str, Any] = {}
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def check(self) -> tuple[suites.Suite, suites.Point, Commit, Commit, list[Commit]]:
         """Every input check, before anything is measured: each failure is one line, exit 2."""
@@ -445,36 +419,3 @@ class Measure:
                               names={"ref": "good", "new": commit.short})
             return pairing.measure(self.index, self.point, records, self.machine.gpu_uuids(self.point.config),
                                    time.monotonic() + opts.budget_s)
-
-
-# ---- command line -------------------------------------------------------------------------------------------
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("good", metavar="GOOD", help="a commit (any git ref) at which the point was fast")
-    parser.add_argument("bad", metavar="BAD", help="a later commit, descended from GOOD, at which it is slower")
-    parser.add_argument("--suite", required=True,
-                        help="a suite in benches/suites or a path to a .toml file; one of its points is measured")
-    parser.add_argument("--point", metavar="KEY",
-                        help="the point to measure: its key as stored (the JSON of its swept values, e.g. "
-                             "'{\"num_envs\":64}') or its label as the bench prints it (default: the suite's only "
-                             "point)")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"where the store ({STORE_FILE}) and the logs go (default {DEFAULT_OUT}/)")
-    add_process_options(parser, "the point")
-    add_max_repeats(parser, "at most N pairs of processes per commit; a commit still undecided then is skipped")
-    add_budget(parser, "seconds each commit's measurement may take before it is skipped")
-    add_threshold(parser, "smallest relative change of SPS that counts", None,
-                  default_text=f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown")
-    add_alpha(parser, "one minus the confidence of each commit's verdict", DEFAULT_ALPHA)
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="also write the whole search (every step's commit, verdict, change, interval, pairs "
-                             "and seconds) to this file (default: none)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from rlperf.terminal import default_console
-
-    bisect = Bisect(ProcessOptions.from_args(args), args.good, args.bad, default_console(), point=args.point,
-                    json_path=args.json)
-    with stop_signals_interrupt():
-        return bisect.run()

@@ -1,37 +1,23 @@
-"""`rlperf collectives`: time all_reduce, all_gather, reduce_scatter and broadcast over a sweep of message sizes.
+"""All_reduce, all_gather, reduce_scatter and broadcast timed over a sweep of message sizes (`rlperf collectives`).
 
-Launching. Under torchrun (or any launcher that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT) this
-process is one rank, and rank 0 prints and stores the results. Otherwise it starts `--world-size` rank
-processes on this machine and watches them (rlperf.processes): a rank that exits badly, or enters no new
-collective for `--rank-timeout` seconds, fails the run with the rank named, and the other ranks are stopped.
-
-Measuring. Each size of each op runs once with its result checked, then `--warmup` times, then `--iters`
-timed times. Every timed iteration is clocked on every rank (CUDA events on GPU, read after a synchronize;
-a monotonic clock on CPU, where gloo calls return when done) and the slowest rank's time is kept: an
-all_reduce with MAX over the ranks' times. Sizes and bandwidths follow the nccl-tests convention: the size
-of all_gather is the gathered output and of reduce_scatter the full input; algbw = bytes / time, and busbw =
-algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast, which makes
-busbw comparable with the link's bandwidth whatever the rank count.
+The ranks are launched and watched here, or joined under torchrun; each call is clocked on every rank and the
+slowest kept, and sizes and bandwidths follow nccl-tests (docs/multi-gpu.md#rlperf-collectives).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
-from rlperf.arguments import add_label, positive_float, positive_int
 from rlperf.cpus import cpu_ranks_refusal
-from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.errors import BadInput, written_whole
 from rlperf.processes import (RANK_DIR_ENV, STARTUP_GRACE_SECONDS, Heartbeat, Progress, RankFailed, launch_ranks,
                               rank_gpu)
@@ -95,19 +81,6 @@ def median_bandwidth(rows: list[dict], key: str) -> str:
     return f"{median(values):.3f}" if values else "–"
 
 
-BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-
-
-def byte_count(text: str) -> int:
-    """`1024`, `64K`, `16MiB`, `1G` (binary units) as a number of bytes."""
-    found = re.fullmatch(r"\s*(\d+)\s*(?:([kmg])i?)?b?\s*", text, flags=re.IGNORECASE)
-    nbytes = int(found[1]) * BYTE_UNITS[(found[2] or "").lower()] if found else 0
-    if nbytes < ELEMENT_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"must be a byte count of at least {ELEMENT_BYTES} (one float32), like 1024, 64K, 16M or 1G (got {text!r})")
-    return nbytes
-
-
 def format_bytes(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if nbytes < 1024:
@@ -116,18 +89,12 @@ def format_bytes(nbytes: float) -> str:
     return f"{nbytes:g} GiB"
 
 
-def non_negative_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more (got {text!r})")
-    return int(text)
-
-
 # ---- settings -----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Settings:
-    world_size: int
-    backend: str
+    world_size: int | None  # None: chosen for the machine (every visible GPU with nccl, 2 with gloo)
+    backend: str | None  # None: nccl when a GPU is visible, else gloo
     min_bytes: int
     max_bytes: int | None  # None: the backend's default, capped by free memory
     iters: int
@@ -142,38 +109,6 @@ class Settings:
         return args
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=positive_int, metavar="N",
-                        help="ranks (default: every visible GPU with nccl, 2 with gloo; under torchrun its WORLD_SIZE)")
-    parser.add_argument("--backend", choices=BACKENDS,
-                        help="nccl on CUDA tensors or gloo on CPU tensors (default: nccl when a GPU is visible)")
-    parser.add_argument("--min-bytes", type=byte_count, default=DEFAULT_MIN_BYTES, metavar="B",
-                        help=f"smallest message, e.g. 8, 64K, 1M (default {DEFAULT_MIN_BYTES}); sizes double from here")
-    parser.add_argument("--max-bytes", type=byte_count, metavar="B",
-                        help="largest message (default 1G with nccl, 64M with gloo); capped by free memory")
-    parser.add_argument("--iters", type=positive_int, default=DEFAULT_ITERS, metavar="K",
-                        help=f"timed iterations per op and size (default {DEFAULT_ITERS})")
-    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
-                        help=f"untimed iterations before them (default {DEFAULT_WARMUP})")
-    parser.add_argument("--rank-timeout", type=positive_float, default=DEFAULT_RANK_TIMEOUT, metavar="S",
-                        help="fail when a rank enters no new collective for this long (default "
-                             f"{DEFAULT_RANK_TIMEOUT:g}; at least {STARTUP_GRACE_SECONDS:g} while it starts); it "
-                             "must exceed the slowest single collective")
-    parser.add_argument("--store", type=Path, default=Path(DEFAULT_OUT) / STORE_FILE, metavar="PATH",
-                        help=f"results store to add the run to (default {DEFAULT_OUT}/{STORE_FILE})")
-    add_label(parser, "none")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.max_bytes is not None and args.max_bytes < args.min_bytes:
-        raise BadInput(f"max_bytes: must be at least --min-bytes ({args.min_bytes}), got {args.max_bytes}")
-    if RANK_DIR_ENV in os.environ:
-        return run_launched_rank(args)
-    if "RANK" in os.environ:
-        return run_external_rank(args)
-    return run_launcher(args)
-
-
 def check_backend(backend: str, world_size: int, local_ranks: int, gpu_count: int, nccl: bool) -> None:
     if backend != "nccl":
         return
@@ -186,30 +121,30 @@ def check_backend(backend: str, world_size: int, local_ranks: int, gpu_count: in
 
 # ---- the launcher -------------------------------------------------------------------------------------------
 
-def run_launcher(args: argparse.Namespace) -> int:
+def run_launcher(asked: Settings, store_path: Path, label: str | None) -> int:
+    """Starts the ranks on this machine, stores rank 0's results and shows them; exit 1 when a rank failed."""
     from rlperf.machine import probe
     from rlperf.store import Store
     from rlperf.terminal import default_console
 
     machine = probe()
-    backend = args.backend or ("nccl" if machine.gpus and machine.nccl else "gloo")
-    world_size = args.world_size or (len(machine.gpus) if backend == "nccl" else 2)
+    backend = asked.backend or ("nccl" if machine.gpus and machine.nccl else "gloo")
+    world_size = asked.world_size or (len(machine.gpus) if backend == "nccl" else 2)
     check_backend(backend, world_size, world_size, len(machine.gpus), machine.nccl is not None)
     refusal = cpu_ranks_refusal(world_size) if backend == "gloo" else None
     if refusal:
         raise BadInput(f"world_size: {refusal}")
-    settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
-                        args.rank_timeout)
+    settings = replace(asked, world_size=world_size, backend=backend)
     console = default_console()
-    args.store.parent.mkdir(parents=True, exist_ok=True)
-    with Store.open(args.store) as store:  # a bad store is refused before anything is measured
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    with Store.open(store_path) as store:  # a bad store is refused before anything is measured
         try:
             result = launch(settings, console)
         except RankFailed as exc:
             sys.stderr.write(f"rlperf collectives: error: {exc}\n")
             return 1
-        run_id = save(store, result, settings, machine, args.label)
-    show(console, result, run_id, args.store)
+        run_id = save(store, result, settings, machine, label)
+    show(console, result, run_id, store_path)
     return 0
 
 
@@ -241,11 +176,10 @@ def describe_stage(progress: Progress) -> str:
 
 # ---- the ranks ----------------------------------------------------------------------------------------------
 
-def run_launched_rank(args: argparse.Namespace) -> int:
-    settings = Settings(args.world_size, args.backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
-                        args.rank_timeout)
+def run_launched_rank(settings: Settings) -> int:
+    """One rank that run_launcher started: rank 0 leaves the results in its directory for the launcher."""
     # The launcher's watchdog decides first; the process group's own timeout is the backstop.
-    backstop = timedelta(seconds=2 * max(args.rank_timeout, STARTUP_GRACE_SECONDS))
+    backstop = timedelta(seconds=2 * max(settings.rank_timeout, STARTUP_GRACE_SECONDS))
     result = measure(settings, Heartbeat.of_this_rank(), backstop)
     if result is not None:
         directory = Path(os.environ[RANK_DIR_ENV])
@@ -254,7 +188,7 @@ def run_launched_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_external_rank(args: argparse.Namespace) -> int:
+def run_external_rank(asked: Settings, store_path: Path, label: str | None) -> int:
     """One rank of a torchrun job (one node or several); rank 0 prints and stores."""
     import torch
     import torch.distributed as dist
@@ -264,29 +198,28 @@ def run_external_rank(args: argparse.Namespace) -> int:
     from rlperf.terminal import default_console
 
     world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    if args.world_size is not None and args.world_size != world_size:
-        raise BadInput(f"world_size: the launcher started {world_size} ranks but --world-size is {args.world_size}")
+    if asked.world_size is not None and asked.world_size != world_size:
+        raise BadInput(f"world_size: the launcher started {world_size} ranks but --world-size is {asked.world_size}")
     nccl = torch.cuda.is_available() and dist.is_nccl_available()
-    backend = args.backend or ("nccl" if nccl else "gloo")
+    backend = asked.backend or ("nccl" if nccl else "gloo")
     gpus = torch.cuda.device_count()
     # A rank the launcher gave one GPU uses it (rank_gpu): the other local ranks have GPUs of their own.
     local_ranks = 1 if gpus == 1 else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     check_backend(backend, world_size, local_ranks, gpus, nccl)
-    settings = Settings(world_size, backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
-                        args.rank_timeout)
+    settings = replace(asked, world_size=world_size, backend=backend)
     store = None
     if rank == 0:
-        args.store.parent.mkdir(parents=True, exist_ok=True)
-        store = Store.open(args.store)
+        store_path.parent.mkdir(parents=True, exist_ok=True)
+        store = Store.open(store_path)
     try:
-        result = measure(settings, Heartbeat(), timedelta(seconds=args.rank_timeout))
+        result = measure(settings, Heartbeat(), timedelta(seconds=settings.rank_timeout))
         if store is None:
             return 0
-        run_id = save(store, result, settings, Machine(**describe_torch()), args.label)
+        run_id = save(store, result, settings, Machine(**describe_torch()), label)
     finally:
         if store is not None:
             store.close()
-    show(default_console(), result, run_id, args.store)
+    show(default_console(), result, run_id, store_path)
     return 0
 
 

@@ -1,20 +1,8 @@
-"""`rlperf confirm STORE`: measure the commits either side of each change point again, in one job, in pairs.
-
-A change point in the history (decisions/changepoints.py) says that a point's SPS moved between two runs of
-different nights. The nights differ by more than the code, so each SPS change point not yet confirmed is
-measured again here: the commit of the last run before it against the commit of the run where it began, each in
-a temporary git worktree, in pairs of processes judged by a two-sided sequential design (the machinery of
-`rlperf bench --against --until-decided`, benches/pairing.py). Both sides are stored as runs naming the change
-point they confirm, and `rlperf report --history` shows each change point as confirmed (the pairs claim the same
-direction), not confirmed, or undecided.
-
-Exit codes: 0 when every change point measured was confirmed (or there was none to measure), 1 when one was not
-(or the machine refused a write), 2 for bad input.
-"""
+"""Each SPS change point of a store's history measured again (`rlperf confirm`): the commits either side of it in
+pairs of processes, stored as runs naming the change point they confirm."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -28,18 +16,14 @@ from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_comm
 from benches.suite import Point
 from benches.worktrees import resolve_commit, worktree
 from decisions import changepoints
-from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from reports.history import FINISHED, measures_its_moment
 from decisions.rundata import load_run
 from decisions.sequential import Design, pairing_entry
-from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait, add_threshold, add_timeout
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
 from rlperf.machine import REPOSITORY_VARIABLE, collect, machine_key, probe
-from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store, utc_now
-
-TIMEOUT_S = 600.0
+from rlperf.terminal import say_on
 
 
 def candidates(store: Store, threshold: float, alpha: float) -> list[tuple[changepoints.ChangePoint, list]]:
@@ -64,9 +48,7 @@ class Confirm:
         self.options = options
         self.store_path = store_path
         self.console = console
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
+        self.say = say_on(self.console)
 
     def run(self) -> int:
         opts, store_path = self.options, self.store_path
@@ -140,23 +122,3 @@ class Confirm:
                 store.record_point(run_id, records[side])
                 store.finish_run(run_id, "complete")
         return f"{name}: {changepoints.confirmation_text(change, verdict)}"
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("store", metavar="STORE", help="a results store whose history has change points")
-    parser.add_argument("--out", default="runs", metavar="DIR", help="where the processes' logs go (default runs/)")
-    add_max_repeats(parser, "at most N pairs per change point")
-    add_budget(parser, "seconds each change point's pairs may take")
-    add_timeout(parser, TIMEOUT_S)
-    add_threshold(parser, "smallest relative change of SPS that counts", DEFAULT_THRESHOLD)
-    add_alpha(parser, "the change points' level, and each confirmation's", DEFAULT_ALPHA)
-    add_no_wait(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    from rlperf.terminal import default_console
-
-    if not Path(args.store).is_file():
-        raise BadInput(f"store: no store at {args.store}")
-    with stop_signals_interrupt():
-        return Confirm(ProcessOptions.from_args(args), Path(args.store), default_console()).run()

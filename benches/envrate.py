@@ -1,14 +1,9 @@
 """The env's own rate: a configured vector env stepped in a loop with random actions, no policy and no copies.
 
     python -m benches.envrate --env gym:ale_py:ALE/Breakout-v5 --num-envs 32 [--env-threads 2] [--env-groups 2]
-    python -m benches.envrate --env synthetic --num-envs 1024 --obs-shape 4,84,84 --obs-dtype uint8
 
-The env is the trainer's own (its groups built as the trainer builds them, with the same settings, threads
-included, and stepped by the trainer's own steppers, every group's step started before any is collected), so
-a point's SPS can be held against it: a trainer that overlaps the env with the device runs at the smaller of
-this rate and the trainer's on synthetic frames of the same shape. Prints the start-up (construction, then the
-first reset), then agent steps per second of each repeat and their median. It measures under the machine-wide
-measurement lock, so it never runs beside a sweep; nothing is stored.
+The env is the trainer's own, built and stepped as the trainer does, so a point's SPS can be held against it
+(docs/trainer.md#environments). Nothing is stored.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     python -m benches.flops --encoder cnn --obs-shape 4,84,84 --obs-dtype uint8 --num-envs 64 --minibatch-size 1024
 
 One real `train` run of the synthetic env; its summary counts each phase's work from the policy's shapes
-(reference_trainer/work.py). Right after it, this process measures the peaks that work needs (benches/peaks.py:
+(reference_trainer/work.py). Right after it, this process measures the peaks that work needs (benches/peak_probe.py:
 the matrix-product peak, memory bandwidth, one op's cost, and each of the model's kernels at its own shape),
 and holds the phases against them as every report does (reports/roofline.py). Nothing is stored.
 """
@@ -15,7 +15,7 @@ import argparse
 
 import pandas as pd
 
-from benches.peaks import measure
+from benches.peak_probe import measure
 from reference_trainer.config import ConfigError, TrainConfig, validate
 from reference_trainer.train import train
 from reports.formatting import fmt_rate

@@ -1,19 +1,7 @@
 """How long will a gate's night take, and which points cost most? Said before it measures, from what the store
 knows of earlier runs on this machine (on a machine it knows nothing of, after the screen's first point, from
-that point's processes); and, after, how far off that was.
-
-A process of a point is forecast to cost the median wall of the newest processes of that point (the same point
-key, every setting both configs have equal) on the same machine fingerprint, started the same way (forked or
-fresh, benches/runner.py Launcher: a fresh one also pays for its imports): the harness's wall around the
-process, so interpreter start, CUDA context, compilation, warm-up and the steady window are all in it. A point the
-store has not run on this machine costs the median process of this machine; where the store holds no process
-of this machine started that way, nothing is forecast (`predict` gives None). The screen is 2 x the point's
-screen pairs processes a point (`screen_history` and decisions/screening.screen_allocation share them out by each
-point's noise on earlier nights; pairs made up for contention come on top); its refinement 2 x refine_pairs
-processes of each of its leaders, which are not known before, so it is forecast between the cheapest and the
-costliest points; the confirmation costs nothing on a night without suspects and at most what the screen and
-refinement leave of the night, or its suspects' pairs if those cost less. Peaks are measured once per store and
-machine and are not counted.
+that point's processes); and, after, how far off that was. A process costs the median wall of its point's newest
+processes here, started the same way (docs/gate.md#rlperf-gate).
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""`rlperf gate --suite SUITE --baseline REF`: did any point of the suite get slower than at commit REF?
-
-Both commits are measured tonight, in pairs of processes (benches/pairing.py; REF in a temporary git worktree,
-the working tree beside it), in two stages (benches/night.py) whose rules are decisions/screening.py's: a
-screen of every point in a few pairs, then a sequential confirmation of the few suspects in fresh pairs, each
-at its share of alpha. Every process is stored as it lands, in four runs at most: the screen's two (the working
-tree's is the night's measurement of the suite, for the history) and the confirmation's two, each naming the
-gate's plan and the runs it belongs with, so `rlperf report` shows the same verdicts later.
-
-Exit codes: 0 when no point regressed and every point was measured, 1 when a point regressed (or the machine
-refused a write), 3 when a point could not be measured (a process failed, too few quiet pairs), 2 for bad
-input; the last line says why.
-"""
+"""The gate's night (`rlperf gate`): the working tree against a baseline commit in pairs of processes, screened and
+confirmed (benches/night.py), every process stored as it lands, then the verdicts, the report and the exit code."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
@@ -24,22 +12,19 @@ from pathlib import Path
 from rich.console import Console
 
 from benches import forecast, suite as suites
-from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
-from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_label, add_max_repeats, add_process_options, add_threshold,
-                              non_negative_int, positive_int, timeout_seconds)
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
-from rlperf.layout import DEFAULT_OUT, STORE_FILE
+from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
-from rlperf.processes import stop_signals_interrupt
 from rlperf.store import PointRecord, Store
+from rlperf.terminal import say_on
 
 
 class Gate:
@@ -58,11 +43,9 @@ class Gate:
         self.refine_points = refine_points
         self.summary = summary
         self.console = console
+        self.say = say_on(self.console)
         self.machine = machine
         self.runs: dict[tuple[str, str], str] = {}  # (stage, side) -> run id
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True, highlight=False)
 
     def run(self) -> int:
         opts = self.options
@@ -176,7 +159,7 @@ class Gate:
 
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""
-        from reports.cli import print_gate
+        from reports.formatting import print_gate
         from reports.render import render
         from decisions.rundata import load_run
 
@@ -219,51 +202,3 @@ def allocation_line(points: list[suites.Point], allocation: dict[str, int], hist
 def write_summary(path: Path, content: dict) -> None:
     with written_whole(path) as partial:
         partial.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
-
-
-# ---- command line -----------------------------------------------------------------------------------------------
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (f"{parser.description}. Exit code 0 when no point regressed, 1 when one did, 3 when a "
-                          f"point could not be measured, 2 for bad input.")
-    parser.add_argument("--suite", required=True, help="a suite in benches/suites or a path to a .toml file")
-    parser.add_argument("--baseline", required=True, metavar="REF",
-                        help="the commit (any git ref) the working tree is judged against, measured tonight in a "
-                             "temporary worktree")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"where the store ({STORE_FILE}), logs and the report go (default {DEFAULT_OUT}/)")
-    add_process_options(parser, "every point")
-    parser.add_argument("--night-s", type=timeout_seconds, default=NIGHT_S, metavar="S",
-                        help=f"seconds of the whole night, screen to confirmation: the confirmation of the suspects "
-                             f"gets what the screen and refinement leave, above 0 and at most {MAX_TIMEOUT_S:g} "
-                             f"(default {NIGHT_S:g})")
-    parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
-                        help=f"pairs of processes a point gets in the screen on average, at least 2: shared out by "
-                             f"each point's pair spread in the store's earlier screens on this machine, every point "
-                             f"the same until they tell the points apart (default {SCREEN_PAIRS})")
-    parser.add_argument("--refine-points", type=non_negative_int, default=REFINE_POINTS, metavar="N",
-                        help=f"the points with the strongest screen that get {REFINE_PAIRS} more pairs before the "
-                             f"suspects are chosen; 0 chooses from the screen alone (default {REFINE_POINTS})")
-    parser.add_argument("--max-suspects", type=positive_int, default=MAX_SUSPECTS, metavar="N",
-                        help=f"the suspects confirmed, the strongest evidence first: the first at {LEAD_SHARE:.0%}% of "
-                             f"alpha, the others splitting the rest, a claim passing its level on (default "
-                             f"{MAX_SUSPECTS})")
-    add_max_repeats(parser, "at most N pairs in one suspect's confirmation")
-    add_threshold(parser, "the smallest slowdown of SPS that counts: the screen weighs each point's pairs for a "
-                          "slowdown of twice this against none, and a confirmation stops a point shown not slower "
-                          "by this", DEFAULT_THRESHOLD)
-    add_alpha(parser, "the chance of flagging any point on a night where nothing got slower", DEFAULT_ALPHA)
-    add_label(parser, "gate")
-    parser.add_argument("--summary", type=Path, metavar="PATH",
-                        help="also write the outcome as JSON: the runs, each point's verdict, the conclusion and the "
-                             "exit code (default: none)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from rlperf.terminal import default_console
-
-    gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
-                max_suspects=args.max_suspects, summary=args.summary, refine_points=args.refine_points,
-                night_s=args.night_s)
-    with stop_signals_interrupt():
-        return gate.run()

@@ -20,14 +20,8 @@ from decisions import sequential
 from decisions.verdicts import PointVerdict, is_contended
 from rlperf.store import PointRecord, utc_now
 
-# Sized by simulation at the H100's noise (studies/gate_power.py, one GPU's nightly points at their walls, in a
-# night of an hour): 3 screen pairs a point on average (shared out by each point's noise on earlier nights, where
-# the store has them: decisions/screening.screen_allocation), 2 more for the 4 leaders, then what is left of the
-# night to confirm, the strongest suspect first and at LEAD_SHARE of alpha; docs/decision-rules.md has the rates.
-# Without the refinement, the slowed point ranked behind two others or under the bar on 9.5% of bad nights;
-# refining 6 leaders lost more compiled points to the night's end than it saved from the screen; with 4 screen
-# pairs the screen took 43 minutes, and the compiled points, a pair costing over a minute, could not reach a claim
-# in what was left.
+# Sized by simulation at the H100's noise, one GPU's nightly points in a night of an hour; the rates and what the
+# other sizes lost: docs/decision-rules.md#measured-by-simulation.
 SCREEN_PAIRS = 3
 REFINE_POINTS = 4
 REFINE_PAIRS = 2

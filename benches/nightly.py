@@ -1,18 +1,5 @@
 """The nightly workflow's steps (.github/workflows/nightly-bench.yml), one subcommand each, so the workflow
-only calls them and each can be tested without a runner.
-
-    python -m benches.nightly locate                 # DATA and BASELINE (this machine's last good commit) lines
-    python -m benches.nightly check-torch            # this interpreter's torch must see CUDA
-    rlperf gate --suite nightly --baseline COMMIT --out DATA --summary gate.json   # (not a step here)
-    python -m benches.nightly check-run --store S --run ID     # complete, every point measured
-    python -m benches.nightly publish --data D --summary gate.json --out report   # status, job summary, history
-    python -m benches.nightly promote --data D --commit SHA [--first-night] [--summary gate.json]
-    python -m benches.nightly keep-logs --data D --summary gate.json --into report/logs
-    python -m benches.nightly gate --status N --step bench=success ...
-
-The baseline is a commit, not a stored run: each night the gate measures it again beside the night's commit,
-in pairs of processes, so a slow night slows both alike. The commit is the last one whose night passed on this
-machine.
+only calls them and each can be tested without a runner (docs/gate.md#nightly-workflow-on-a-self-hosted-gpu-runner).
 
 Exit codes: 0 when the step's check passed, 1 when it did not (with one `::error::` line saying why), 2
 for bad arguments. Only `check-torch` and the store commands import torch or pandas, when they run.

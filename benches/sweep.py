@@ -20,7 +20,7 @@ from rich.table import Table
 
 from benches import suite as suites
 from benches.options import ProcessOptions
-from benches.peaks import measure_run_peaks
+from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from reference_trainer.config import PHASES
 from rlperf.summary import OTHER
@@ -31,7 +31,7 @@ from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
 from rlperf.machine import Machine, collect, machine_key
 from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
-from rlperf.terminal import default_console
+from rlperf.terminal import default_console, say_on
 
 # Phases under this share in every point are left out of the terminal table (they stay in the store).
 MIN_SHOWN_SHARE = 0.005
@@ -51,6 +51,7 @@ class Sweep:
         self.resume = resume
         self.export = export
         self.console = console or default_console()
+        self.say = say_on(self.console)
         self.command_for = command_for
         self.machine = machine
         self.store_path: Path | None = None  # where run() stored its run, and the run's id
@@ -66,9 +67,6 @@ class Sweep:
         with MeasurementLock() as lock, Launcher(opts.launch) as launcher:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             return self.measure_suite(launcher, lock, store_path)
-
-    def say(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True)
 
     def measure_suite(self, launcher: Launcher, lock: MeasurementLock, store_path: Path) -> int:
         """The suite measured under the machine's lock, from the probe on: the probe and the server's imports are

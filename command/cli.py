@@ -1,9 +1,8 @@
-"""`rlperf` console script: one subcommand per tool, each defined in its own folder.
+"""`rlperf` console script: one subcommand per tool, each in command/<name>.py.
 
 Subcommand modules are imported only when chosen, so `rlperf report` never pays for importing torch.
-Each module provides `configure(parser)` and `run(args) -> int`. `python -m rlperf` runs this too
-(rlperf/__main__.py): child trainer processes, torchrun and the older checkouts the gate and bisect measure all
-start `-m rlperf`.
+Each provides `configure(parser)` and `run(args) -> int`, and calls the work of the folders below. `python -m rlperf`
+runs this too (rlperf/__main__.py): trainer processes, torchrun and older checkouts start `-m rlperf`.
 """
 
 from __future__ import annotations
@@ -17,19 +16,19 @@ from collections.abc import Iterable
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault
 
 SUBCOMMANDS = {
-    "train": ("reference_trainer.cli", "train PPO+LSTM and print a per-phase time breakdown"),
-    "selfcheck": ("profilers.selfcheck", "check that injected delays land in the right phase"),
-    "bench": ("benches.cli", "run a sweep suite in isolated processes and store every sample"),
-    "bisect": ("benches.bisect", "find the first commit between GOOD and BAD at which a point got slower"),
-    "gate": ("benches.gate", "did any point of a suite get slower than at a baseline commit? both measured now"),
-    "confirm": ("benches.confirm", "measure the commits either side of each change point again, in pairs"),
-    "collectives": ("benches.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
-    "report": ("reports.cli", "render a report and regression verdicts from stored results"),
-    "compare": ("reports.compare_cli", "compare two machines' results side by side"),
-    "runs": ("reports.runs_cli", "list a store's runs, or print the newest run id of a suite"),
-    "profile": ("profilers.cli", "run the trainer under torch.profiler, NVML sampling and py-spy"),
+    "train": ("command.train", "train PPO+LSTM and print a per-phase time breakdown"),
+    "selfcheck": ("command.selfcheck", "check that injected delays land in the right phase"),
+    "bench": ("command.bench", "run a sweep suite in isolated processes and store every sample"),
+    "bisect": ("command.bisect", "find the first commit between GOOD and BAD at which a point got slower"),
+    "gate": ("command.gate", "did any point of a suite get slower than at a baseline commit? both measured now"),
+    "confirm": ("command.confirm", "measure the commits either side of each change point again, in pairs"),
+    "collectives": ("command.collectives", "measure all_reduce / all_gather / reduce_scatter / broadcast"),
+    "report": ("command.report", "render a report and regression verdicts from stored results"),
+    "compare": ("command.compare", "compare two machines' results side by side"),
+    "runs": ("command.runs", "list a store's runs, or print the newest run id of a suite"),
     "attach": ("command.attach", "time an unedited training command by phase: env, acting, training, learn, other"),
-    "probe": ("benches.peaks", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
+    "profile": ("command.profile", "run the trainer under torch.profiler, NVML sampling and py-spy"),
+    "probe": ("command.probe", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
     "doctor": ("command.doctor", "is this GPU machine ready to be a benchmark runner? its GPU tests, smoke, a trace "
                                  "and a small night"),
 }

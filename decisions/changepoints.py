@@ -1,52 +1,9 @@
 """Change points in a history: the runs at which a point's SPS, or the time per agent step of one of its
 phases, shifted to a new level and stayed there.
 
-Why written here rather than taken from a library: the three made for the job do not fit this data.
-- signal-processing-algorithms (MongoDB's E-divisive) needs numpy < 2 and Python < 3.12 and takes one value
-  per run; on 5 runs it found a 50% slowdown in fewer than one series in ten.
-- apache-otava (E-divisive with a t-test) pins numpy 2.2 and scipy < 1.17 and brings database, cloud and chat
-  clients; its t-test p-value is that of the best split, with no allowance for having picked it among all the
-  splits, and on pure noise of our size (12% per process, 3 repeats a run) it reported a change point in
-  28-41% of series of 5-30 runs.
-- ruptures searches for a segmentation under a penalty and gives no significance at all; with a BIC-like
-  penalty it put a change point in 25-32% of the same noise series.
-All three search one number per run, as this method now does.
-
-The method. The unit is the run. Processes of one run share that night's offset (clocks, thermals, a driver,
-a neighbour), so they are not exchangeable with processes of another night: shuffling repeats among runs made
-a night offset of 3% look like a change in over half of noise-only histories at 2% process noise. A point's
-series is therefore one value per run, the median of its quiet repeats' logs (SPS, or a phase's seconds per
-agent step; contended repeats are left out, as in verdicts), in start order. Every split into runs before and
-runs after is scored, and so is every stretch of runs against the runs outside it (a level that came and went;
-circular binary segmentation, Olshen et al. 2004), by the Mann-Whitney statistic of one side against the other,
-standardized; the stretch with the largest |z| is the candidate, and its significance is a permutation test that
-shuffles whole runs and repeats the scan, so it allows for every stretch that could have been picked.
-
-One error control for every split. Each series of a suite (each point's SPS and each phase) is scanned once
-over all its runs, and Benjamini-Hochberg over those p-values decides which series changed at all. In a series
-that did, every split reported, the first and those found by searching each side again, must clear the same
-critical value: the permutation quantile of the whole series' scan at the level Benjamini-Hochberg accepted.
-A stretch of fewer runs has fewer and shorter splits, so its own scan exceeds that value no more often than
-the whole series does: no split is tested at a looser level than the one accepted. As with verdicts, a change
-point must also be large: the Hodges-Lehmann shift between the runs on either side must lie beyond the
-threshold.
-
-The shift reported. A change point is reported only where the noise let it clear the critical value and the
-threshold, so the shifts reported are larger than the shifts that caused them (a true -10% read -13% to -14%).
-The shift reported is the one whose histories, drawn with the runs' residuals resampled and scanned as the
-history was, have the observed shift as the mean of those that report a change point at the same split (in simulated
-histories this removes about half of the inflation: a true -10% that read -12.8% and -14.7% read -12.0% and
--12.9%). Its interval is the exact Mann-Whitney interval of
-the runs either side (decisions/intervals.py), moved by the same correction; with runs as the unit it is as wide
-as the night offsets make it.
-
-What runs as the unit costs: a history needs enough runs either side of a change before a change can be told
-from the nights' offsets; with five runs no split reaches a p below about 0.2, however large the shift. A change
-point is confirmed by measuring the commits either side of it again in one job, in pairs (`rlperf confirm`,
-benches/confirm.py); the page says which were.
-
-Each change point also names the phases whose time per step moved at the same run, from their repeats
-(describing where the time went, not a claim of its own).
+Runs are the unit (processes of one night share its offset): every split and stretch of a point's runs is scanned,
+its significance from shuffling whole runs, Benjamini-Hochberg across series, and the reported shift corrected for
+having been found. Why, and the libraries not taken: docs/decision-rules.md#change-points.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """How large a change is, how sure we can be of it, and how large a change a point can see at all.
 
-The unit is the process: each repeat gives one value (its steady steps per second, or a phase's seconds per
-agent step), and values are compared on a log scale, so a change is a ratio. Epochs of one process share its
-luck (a busy neighbour, a slow clock, a memory layout), so they are not independent samples.
-
-- Estimate: the Hodges-Lehmann shift, the median of every pairwise difference candidate - baseline of the
-  logs, reported as the ratio exp(shift) - 1. It is the estimate that goes with the Mann-Whitney U test.
-- Interval: every shift that a two-sided Mann-Whitney U test (scipy) does not reject at `alpha`, shifting the
-  candidate's logs by it. It is exact and distribution-free: it assumes neither normal noise nor equal
-  spreads beyond a common shape, and a single process slowed tenfold by a neighbour moves it no more than
-  any other outlier. The price is that few repeats cannot reach high confidence at all: 3 against 3 can
-  never exclude a shift at 95% (the most extreme ordering has p = 2/C(6,3) = 0.10), 4 against 4 can.
-- What a point can detect: the smallest slowdown the rule above claims 95% of the time, simulated through the
-  exact test at the level it is applied at (after allowing for the other points judged with it), with a
-  robust spread, so one outlier does not make a point look blind and a normal approximation does not promise
-  power a rank test at 5 repeats lacks (it stated 95% where 67% was real).
-
-A shift is judged against the threshold by decisions/verdicts.py.
+The unit is the process, its values compared as logs: the Hodges-Lehmann shift, the exact Mann-Whitney interval
+(distribution-free, so one outlier moves it no more than any other), and the smallest slowdown that rule claims 95%
+of the time, simulated (docs/decision-rules.md#runs-of-different-nights). decisions/verdicts.py judges the shift.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Time to solve and share solved: how soon a point learns, judged with statistics made for censored data.
 
-A repeat of a point with a target_return records when its smoothed return first reached the target
-(reference_trainer/solving.py), or that its budget ran out first. A repeat that never solved has a lower bound,
-not a value: dropping it would make a knob that stops learning look fast, and counting its budget as its time
-would understate how slow it is. Survival statistics take such a repeat for what it is:
-
-- Share solved: the repeats that solved, with the exact (Clopper-Pearson) interval of a binomial share
-  (scipy.stats.binomtest).
-- Median time to solve: the Kaplan-Meier median (scipy.stats.ecdf on CensoredData), "not reached" when fewer
-  than half the repeats are known to have solved; its interval holds every time at which the survival
-  curve's pointwise log-log band contains one half (Brookmeyer and Crowley's construction).
-- A change between two sets of repeats: the two-sided log-rank test (scipy.stats.logrank) says whether the
-  times differ at all, censored repeats included; the estimate is the ratio of the two medians (a bound when
-  one side's median is not reached); the interval holds every factor by which the candidate's times (solves
-  and censorings alike) can be divided without the log-rank test rejecting them against the baseline's: the
-  accelerated-failure-time reading of a rank test, the censored counterpart of the Mann-Whitney interval of
-  SPS verdicts (decisions/intervals.py).
-
-The outcome is one of the four SPS verdicts have (decisions/verdicts.py), read the same way with time to solve
-lower is better: `regressed` (takes longer: the test rejects no change and the estimate lies beyond the
-threshold), `improved`, `unchanged` (the whole interval within +-threshold) or `inconclusive`. Learning
-varies by seed far more than speed does, so the threshold is wider than the SPS one (LEARNING_THRESHOLD).
-lifelines would give the same medians and test; scipy has them since 1.11 (ecdf, CensoredData, logrank; hence
-scipy>=1.11 in pyproject.toml), so no package is added.
+A repeat that never solved is a lower bound, not a value: shares get exact binomial intervals, times Kaplan-Meier
+medians, and changes the log-rank test, read into the four outcomes of SPS verdicts with a wider threshold
+(LEARNING_THRESHOLD). Why: docs/decision-rules.md#time-to-solve.
 """
 
 from __future__ import annotations
@@ -40,10 +20,8 @@ from decisions.criteria import DEFAULT_ALPHA
 from decisions.verdicts import OUTCOMES, match_key, quiet
 from rlperf.store import point_label
 
-# A change of time to solve counts from 25%. On `memory` one seed's time differs from the next by 8% end to end
-# and 14% in steps (log SD; studies/learning_power.py), and at this margin 5 seeds a side show the same code
-# unchanged 77% of the time, 10 seeds 99%; harder tasks vary far more from seed to seed, and a tighter margin
-# would leave them inconclusive for good.
+# A change of time to solve counts from 25%: learning varies by seed far more than speed does, and a tighter margin
+# would leave most comparisons inconclusive for good (docs/decision-rules.md#time-to-solve).
 LEARNING_THRESHOLD = 0.25
 # What each repeat's time to solve is measured in: end to end (what a person waits for), at the steady speed,
 # and in agent steps (what the knob does to learning, whatever it does to speed).

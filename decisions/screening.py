@@ -1,82 +1,8 @@
 """The gate's verdicts: did any point of a suite get slower than at a baseline commit, measured tonight?
 
-The gate measures both commits in one job, in pairs of processes (benches/gate.py), in stages:
-
-1. Screen: every point gets a few quiet pairs (`screen_pairs` on average, shared out by each point's pair
-   spread on earlier nights, `screen_allocation`; a pair with a contended process is made up for, up to twice as
-   many pairs). Each point's evidence is how much likelier its pairs are slowed by
-   `screen_toward` or more (twice the threshold) than unchanged, each pair's log ratio read through a Cauchy law
-   as wide as the night's pair spread (all points' pairs together, at most twice their spread within points)
-   times the point's own spread relative to the others' on earlier nights (`relative_spreads`).
-2. Refine: the `refine_points` points with the strongest evidence get `refine_pairs` more pairs, and every
-   point's evidence is weighed again over all its pairs. A point is a suspect when its pairs are at least
-   e^EVIDENCE_BAR times as likely slowed as unchanged. No claim is made in these two stages, so they need no
-   level at all and cost a few processes a point.
-3. Confirm: each suspect, the strongest evidence first and at most `max_suspects` of them, gets fresh pairs
-   judged by a one-sided sequential design (decisions/sequential.py) at its share of alpha, within what the
-   night leaves (benches/night.py gives it to the strongest suspect first). The strongest suspect's share is
-   `lead_share`, the others split the rest, and a suspect that is claimed passes its level on to the next
-   (GatePlan.confirmation).
-
-Why a screen and a confirmation. A claim about one point among many must reach alpha / points, and pairs reach a
-level only after log2(1/level) of them: at 56 points and alpha 1%, 13 pairs of every point before any single one
-could be flagged. Confirming only the suspects shrinks the family to the few points that looked slower. The
-screen's and the refinement's data are not reused, so however the suspects were chosen and ordered, each
-confirmation's false-claim chance is at most its level given them, and the chance of any false claim in the night
-at most alpha.
-
-Why the strongest suspect gets most of alpha, and a claim passes its level on. On a bad night the point that got
-slower has the strongest evidence on about 93% of nights (studies/gate_power.py at the H100's noise), and a
-confirmation at a larger level needs fewer pairs, which counts where the time budget ends it: at 12 pairs of that
-noise the Cauchy score claims a 10% slowdown on 88% of draws at one-sided 0.8% against 84% at 0.5%
-(studies/sequential_power.py --scores 12 --alpha 0.008). Passing a claimed suspect's level on to the next is
-Wiens' fallback procedure, a shortcut of closed testing with weighted Bonferroni tests: whatever the outcomes, a
-night's chance of any false claim stays at most alpha.
-
-Why a refinement. Three pairs of each of 16 points at the H100's noise rank a point slowed by 10% among the
-two strongest on about 90% of nights and among the four strongest on 97%; two more pairs for those four bring
-it among the two suspects on 96-97%, for about 5 minutes of a night (studies/gate_power.py).
-
-Why the screen's pairs follow each point's noise. On a GPU an eager point's pairs spread three times as wide as a
-graphed point's (7.9% against 2.6% on an H100, results/nvidia-h100-2026-11-27), so three pairs each leave the
-eager points' slowdowns hard to see and spend a pair the graphed ones do not need. Shared by each point's spread on
-the store's earlier nights (`screen_allocation`; Neyman's allocation, the spreads shrunk toward their median by
-what chance explains), the same 48 pairs of the nightly's 16 points on one GPU became 2 for each graphed point and
-3 to 5 for the eager ones after 30 simulated nights of history, and the gate caught a point slowed by 10% on 948 of
-1,000 bad nights against 932 at three pairs each, on the same nights (studies/gate_power.py, `--history-nights`).
-The same spreads say how far out each point's pairs are: at one spread for all, pooled over both kinds, an eager
-point's wide pairs read as strong evidence and a graphed point's slowdown as weak. Each point read at its own
-(the night's spread pooled in those units), the slowed point's evidence was the strongest on 930 of those 1,000
-nights against 908, and the gate caught it on 957.
-
-Why the screen weighs evidence rather than the estimate. On a GPU a fifth of processes run at 12% noise
-beside 3.6% for the rest (studies/simulated.py, `H100`), so a third of pairs hold a wide process; in four pairs
-one or two of them can pull the Hodges-Lehmann estimate of a point slowed by 10% above -5% (6% of such points
-were not suspects by "estimate slower than the threshold", 2.5-5% more ranked behind two unchanged points whose
-wide pairs fell the other way). A heavy-tailed likelihood lets the narrow pairs carry the evidence and a pair
-far out, on either side, count little; asked of "slowed by at least twice the threshold", it keeps a point
-slowed by far more at the head of the queue. The bar a little below even odds lets in more points than the
-confirmation could take, so `max_suspects` decides what is confirmed, by rank. Simulated through
-studies/gate_power.py at that noise, the slowed point reached its confirmation on 94.8% of bad nights against
-91.5% by the estimate (docs/decision-rules.md), and the confirmation, given what the night leaves, now claims it on
-nearly all of those: what still loses it is the screen. None of this touches the guarantee, which rests on the
-confirmation alone.
-
-Why a suspect the night ran out of time for is `undecided`, and fails the job. A slowed point is a suspect on
-most bad nights, so a night too short to decide its suspects would pass the slowdowns it found: a night that
-ends first is never green. Contended processes that kept a confirmation short of its first look (it would have
-reached it had they been quiet) make it `could not measure`.
-
-Why pairs. Both commits meet the same night, so a slow night slows both sides of every pair alike; with the
-order inside each pair drawn at random the confirmation's test is exact whatever the machine does. Runs of two
-nights compared as if exchangeable cry wolf on every slow night (about a quarter of 56-point nights, with 3%
-night offsets and 2% process noise).
-
-A point is `regressed` (the job fails, exit 1), `passed` (not a suspect), `not confirmed` (a suspect that
-confirmation showed not slower, or left inconclusive at its most pairs, or one beyond `max_suspects`: reported,
-never failed), `undecided` (a suspect the night ended before its confirmation decided: exit 3), `could not
-measure` (a process failed, or too few quiet pairs to judge: exit 3, rather than pass silently) or `skipped` (the
-machine cannot run it, e.g. more GPUs than it has).
+Every point is screened in a few pairs, the leaders refined, and only the suspects confirmed, each at its share of
+alpha, so a night's chance of any false claim stays within alpha. Why each part is built so, with its simulations:
+docs/decision-rules.md#the-gate-screen-refine-confirm.
 """
 
 from __future__ import annotations
@@ -110,31 +36,19 @@ class GatePlan:
     max_suspects: int
     max_pairs: int  # of one suspect's confirmation
     min_quiet: int  # quiet screen pairs a point needs to be judged at all
-    # "estimate": a suspect's estimate is slower than `screen_at`, the slowest first (plans stored before the
-    # evidence rule); "evidence": a suspect's pairs are likelier slowed by `screen_toward` than unchanged, the
-    # strongest evidence first
-    ranking: str = "estimate"
+    # Each field after these says how the gate decides now; its default is how plans stored without it decided
+    # (docs/results-format.md, `gate`), so an older night is judged again as it was.
+    ranking: str = "estimate"  # "evidence": likelier slowed by `screen_toward` than unchanged, strongest first
     screen_toward: float = 0.0
-    # the confirmation's sign-flip score (decisions/sequential.py); plans stored before it had one used signed ranks
-    statistic: str = sequential.SIGNED_RANK
-    # after the screen, the `refine_points` strongest (by evidence) get `refine_pairs` more pairs before the
-    # suspects are chosen (plans stored before had no such stage)
-    refine_points: int = 0
+    statistic: str = sequential.SIGNED_RANK  # the confirmation's sign-flip score (decisions/sequential.py)
+    refine_points: int = 0  # the strongest after the screen get `refine_pairs` more pairs before suspects are chosen
     refine_pairs: int = 0
-    # of alpha, the strongest suspect's share when there are several, the rest split evenly among the others, and a
-    # claimed suspect's level passed on to the next (the fallback procedure); 0 in plans stored before: alpha /
-    # suspects each, nothing passed on
-    lead_share: float = 0.0
-    # the night's pair spread at most this many times the spread within points (night_scale); 0 in plans stored
-    # before: the pooled spread as it is
-    spread_cap: float = 0.0
-    # by point key, each point's pair spread on the store's earlier nights relative to the points' median
-    # (relative_spreads): the screen weighs a point's pairs at the night's spread times this; empty in plans stored
-    # before, or where the earlier nights do not tell the points apart: one spread for every point
+    lead_share: float = 0.0  # the strongest suspect's share of alpha; a claimed suspect passes its level on
+    spread_cap: float = 0.0  # the night's pair spread at most this many times the spread within points
+    # each point's pair spread on earlier nights relative to the points' median (relative_spreads); empty: one
+    # spread for every point
     point_spreads: dict[str, float] = field(default_factory=dict)
-    # a suspect the night ended before its confirmation decided is `undecided`, which fails the job as `could not
-    # measure` does; False in plans stored before: `not confirmed`, which passed
-    night_end_undecided: bool = False
+    night_end_undecided: bool = False  # a suspect the night ended before it decided is `undecided`, and fails
 
     def shares(self, suspects: int) -> list[float]:
         """Each suspect's own share of alpha, in the order they are confirmed."""
@@ -223,8 +137,7 @@ def screen_point(key: str, candidate: pd.Series, baseline: pd.Series, cand_rows:
 
 
 # A point is a suspect when its pairs are at least e^EVIDENCE_BAR times as likely slowed by `screen_toward` as
-# unchanged: a bar a little below even odds keeps a slowed point whose few pairs met wide processes (at the H100's
-# noise, 97% of points slowed by 10% clear it, against 94% at even odds), and `max_suspects` caps what it lets in.
+# unchanged: below even odds, to keep slowed points that met wide processes (docs/decision-rules.md#each-parts-reasons).
 EVIDENCE_BAR = -1.0
 EVIDENCE_GRID = 64  # slowdowns tried between `screen_toward` and the slowest pair
 # the night's pair spread is not trusted below this (log ratio): a handful of pairs can agree by chance

@@ -1,44 +1,9 @@
 """Decisions on pairs of processes, judged as the pairs arrive: is the new side slower, faster, or not slower?
 
-The design is paired. Each pair runs one process of each side back to back, in an order drawn at random, so
-under "the change does nothing to this point" the sign of each pair's log ratio d = log(new SPS / ref SPS) is a
-fair coin whatever the machine does: drift, a slow night, heavy tails. A test that only flips those signs is
-then exact, whatever score of |d| it sums over the pairs that lean one way. Two are used (`Design.statistic`):
-- `signed-rank`, the Wilcoxon signed-rank test (scipy), which sums the ranks of |d|: one contended outlier
-  cannot drive it, but the widest pair always carries the most weight;
-- `clipped`, which sums |d| clipped at CLIP times their median: a pair of ordinary size counts by its size, and
-  a pair far out, on either side, no more than a wide ordinary one;
-- `cauchy`, which sums the Cauchy law's score of |d|, d / (1 + (d / c)^2) with c CAUCHY_WIDTH times their
-  median: it rises with d up to c and falls beyond, so a pair far out counts less than an ordinary one. That is
-  the shape of the likelihood's score where most pairs are narrow and some wide: a pair three times the typical
-  size is more likely a wide process than a slowdown's evidence.
-Where a fifth of a GPU's processes run three times as wide as the rest (studies/simulated.py, `H100`), a pair
-holding one of them is the largest and often leans the wrong way; at a 10% slowdown and one-sided 0.5%, 12 such
-pairs judged once claim on 83.0% of draws by the Cauchy score, 80.3% clipped and 76.4% by signed ranks, 14 pairs
-on 90.9%, 89.4% and 82.0% (3,000 draws, the same pairs for each: `python -m studies.sequential_power --noise h100
---scores 12,14 --points 3000 --seed 2`).
-Either way the smallest one-sided p with n pairs is 2^-n, so a level needs enough pairs to be reachable at all
-(see `first_look`).
-
-Looking again and again is what makes a design sequential, and every look is a chance for noise to pass for a
-change. The chance of a false claim over all looks is held at `alpha` by a Lan-DeMets spending function
-(Hwang-Shih-DeCani): by look k, whose share of the most pairs is t_k, claims may have spent alpha(t_k) in all.
-Each look's level is found in the test's own law: given the sizes of the pairs so far, every pattern of their
-signs is equally likely under no change, so the chance of a claim at any look so far is a count over patterns,
-and look k's level is the largest p that keeps the count within alpha(t_k). That holds exactly for any noise,
-and it allows for consecutive looks sharing their data instead of bounding it away (the normal law that
-group-sequential tables assume put 0.0503 where 0.05 was asked, at 11 pairs).
-
-A futility stop ends a point that is shown not slower by more than the threshold. It is non-binding: the
-boundaries are computed as if it did not exist, so it can only remove claims, never add false ones.
-
-The estimate at a stop is biased away from no change (a point that happens to look worse early stops early:
-a true -10% read -18% when stopped at the first look). The one reported is median-unbiased under the stagewise
-ordering of the design's outcomes, with a confidence interval from the same ordering, both drawn by running the
-design itself on the pairs' resampled residuals; the plain Hodges-Lehmann estimate at the stop is `naive`.
-
-Every decision is a function of the design and the ordered quiet pairs alone: the terminal judging pairs as
-they land and a report rendered later from the store reach the same verdict.
+Each pair's order is drawn at random, so a test that only flips the pairs' signs is exact whatever the machine does;
+a spending function holds the false-claim chance over all looks at alpha, counted in the test's own law, and the
+estimate at a stop is corrected for stopping (docs/decision-rules.md, "Pairs judged as they land"). Every decision is
+a function of the design and the ordered quiet pairs alone, so a report rendered later reaches the same verdict.
 """
 
 from __future__ import annotations
@@ -54,9 +19,7 @@ from scipy import stats
 from decisions import intervals
 
 # Hwang-Shih-DeCani spending, gamma -2: between O'Brien-Fleming (about -4), which keeps most power for the last
-# look, and Pocock (about 1), which stops large changes soonest. Simulated at 12% process noise, 40 pairs at
-# most, alpha 1%: a -10% change claimed in 76% of runs (O'Brien-Fleming 80%, Pocock 70%), a -25% one after 16
-# pairs on average (22, 14) (studies/sequential_power.py).
+# look, and Pocock (about 1), which stops large changes soonest (simulated in docs/decision-rules.md).
 GAMMA = -2.0
 LOOK_GROWTH = 1.4
 FUTILITY_ALPHA = 0.05  # one-sided level of "not slower by the threshold", a stop that gives up, never a claim
@@ -90,7 +53,7 @@ class Design:
     threshold: float
     futility_from: int
     gamma: float = GAMMA  # of the Hwang-Shih-DeCani spending function
-    statistic: str = SIGNED_RANK  # the score of |d| the sign-flip test sums (designs stored before: signed ranks)
+    statistic: str = SIGNED_RANK  # the score of |d| the sign-flip test sums; designs stored without it: signed ranks
 
     def __post_init__(self):
         if not self.looks or list(self.looks) != sorted(set(self.looks)) or self.looks[0] < 1:

@@ -1,38 +1,9 @@
 """Regression verdicts: did a point get slower, by how much, how sure can we be, and which phase grew.
 
-A comparison ends in one of four outcomes, read off the estimated change and its confidence interval
-(decisions/intervals.py: Hodges-Lehmann shift of the per-process values, exact Mann-Whitney interval):
-
-- `regressed` / `improved`: the change is real (the interval excludes no change) and larger than the
-  threshold (the estimate lies beyond it);
-- `unchanged`: the whole interval lies inside +-threshold, so the change is shown to be smaller than the
-  threshold (an equivalence test);
-- `inconclusive`: neither. The verdict says why (noise, too few repeats, contended repeats) and about how
-  many repeats a side would decide it.
-
-Why not require the whole interval beyond the threshold for a claim? On a shared 2-core machine one
-process's steady SPS varies by about 12% from the next one's; an interval that clears a 5% threshold for a 10%
-slowdown then needs over a hundred processes a side, so real slowdowns would go unreported. A claim that needs
-a significant interval has a false-alarm rate of at most alpha whatever the noise, which is what a nightly
-job's reader must be able to count on.
-
-Points that cannot be compared are `new`, `missing` or `failed`. Repeats whose machine was contended
-(profilers/interference.py) are left out before anything is computed.
-
-Runs measured in pairs (`rlperf bench --against`, bisect, the gate) are judged as pairs instead, by the design
-stored with them (decisions/sequential.py): the exact signed-rank test of each pair's log ratio, looks that spend
-alpha, and a futility stop that can end a point as `not slower`; a pair is left out whole when either of its
-processes was contended. That rule holds its false-claim rate whatever the machine does between nights, because
-both sides of every pair met the same machine; the rule above, for runs of different nights, assumes the two
-runs differ by nothing but the code.
-
-Many points, one night: a regressed or improved claim must also pass the Benjamini-Hochberg procedure over the
-p-values of every compared point (scipy.stats.false_discovery_control), which keeps the expected share of
-false claims among a run's claims at alpha (and the chance of any false claim at alpha when nothing changed);
-a claim that does not pass becomes `inconclusive`.
-
-Steps per second: higher is better. Phase times, taken as seconds per agent step so that runs of different
-lengths compare: lower is better.
+Runs of different nights are judged by the Hodges-Lehmann shift of their processes and its exact Mann-Whitney
+interval (decisions/intervals.py), claims across points by Benjamini-Hochberg; runs measured in pairs by the design
+stored with them (decisions/sequential.py). Why: docs/decision-rules.md#runs-of-different-nights. SPS: higher is
+better; phase times, as seconds per agent step so runs of different lengths compare: lower is better.
 """
 
 from __future__ import annotations

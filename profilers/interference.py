@@ -1,20 +1,8 @@
 """Was the machine quiet while one repeat ran? The trainer's own CPU time against everything else's.
 
-A figure is only as good as the quiet around it. On a 2-core machine a neighbour that takes one core makes
-the trainer's OpenMP threads spin against it, and the trainer runs many times slower with nothing in its
-own figures saying why. So every repeat is bracketed by the kernel's accounts:
-
-- the trainer's CPU seconds (the harness's waited-for children, so ranks it started count too, or what the fork
-  server that forked it reports), against its wall time and the cores it was given;
-- the machine's busy CPU seconds, less the trainer's and the harness's own: what other processes used;
-- steal time (a hypervisor giving the virtual CPUs to another guest) and the load average;
-- on GPUs, the processes of other programs that NVML lists as computing (or drawing) on the run's devices,
-  asked every GPU_POLL_S from before the trainer starts until after it has ended, and clock-event reasons
-  other than idling (power or thermal capping, hardware slowdown) seen by the utilization sampler.
-
-A repeat is `contended` when others used more than OTHERS_CORES_LIMIT cores on average, steal took more than
-STEAL_SHARE_LIMIT of the CPUs, or another program computed on the GPU; verdicts leave such repeats out.
-Without NVML (no driver, no library, a device it does not see) the GPU is not watched and the account says why.
+On a 2-core machine a neighbour that takes one core slows the trainer many times with nothing in its own figures
+saying why, so every repeat is bracketed by the kernel's accounts and NVML's; a repeat whose neighbours, steal or
+another GPU program crossed the limits is `contended` and left out of verdicts (docs/sweeps-and-reports.md).
 """
 
 from __future__ import annotations

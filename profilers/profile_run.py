@@ -19,6 +19,7 @@ from reference_trainer.config import TrainConfig
 from rlperf.processes import run_to_completion
 
 RUN_SUMMARY_NAME = "summary.json"
+TRACE_NAME = "trace.json.gz"  # the file name the trainer gives its trace
 PROFILE_NAME = "profile.json"
 UTILIZATION_NAME = "utilization.csv"
 PROFILED_SPS_NOTE = "SPS is not taken from a profiled run: the profiler's overhead distorts it"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from profilers.profile_run import run_gpu_uuids
 from profilers.sampler import UtilizationSampler
-from reference_trainer.cli import config_from_args, configure
+from reference_trainer.flags import add_train_flags, config_from_args
 from rlperf.processes import run_to_completion
 
 
@@ -27,7 +27,7 @@ def measure(train_args: list[str], repeats: int, sample_hz: float) -> tuple[dict
     """SPS per mode, and the sampler's CPU seconds per wall second over the runs with it on, sampling the
     GPUs the run uses as `rlperf bench` does."""
     parser = argparse.ArgumentParser(prog="rlperf train")
-    configure(parser)
+    add_train_flags(parser)
     gpu_uuids = run_gpu_uuids(config_from_args(parser.parse_args(train_args)))
     sps: dict[str, list[float]] = {"off": [], "on": []}
     sampler_cpu_s = sampled_wall_s = 0.0

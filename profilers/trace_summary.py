@@ -1,17 +1,8 @@
 """What one torch.profiler trace of the trainer says: where the device and the host spent the traced epochs.
 
-GPU traces go through HTA (Holistic Trace Analysis) for what it computes well: the GPU's busy / idle /
-compute / non-compute time and the kernel breakdown. HTA does not analyse CPU-only traces (its temporal
-breakdown needs device activity and fails without it) and it reports no event counts or copy sizes, so
-host ranges, operator self time, launch, kernel and synchronisation counts and copy bytes are read from
-the trace events directly, for both kinds of trace.
-
-HTA rounds a trace's nanosecond timestamps to whole microseconds by default, each start up and each end
-down, so a kernel shorter than a microsecond that does not straddle one gets a duration of -1 us, and every
-kernel loses up to 2 us. A small run's kernels mostly last under a microsecond on an H100: its busy time read
-a third of the truth and HTA's temporal breakdown failed its own check (non-compute time below zero). The
-summary reads the trace at its own resolution instead. Should HTA's time breakdown still fail, the summary
-says why in one line and keeps the kernel breakdown and everything read from the events.
+HTA gives a GPU trace's busy / idle time and kernel breakdown, read at the trace's own resolution (its rounding to
+microseconds loses sub-microsecond kernels); counts, host ranges and copy bytes are read from the trace events, for
+CPU traces too (docs/profiling.md#trace-summary).
 """
 
 from __future__ import annotations

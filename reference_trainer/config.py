@@ -9,6 +9,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from rlperf.errors import ConfigError
@@ -37,12 +38,51 @@ PROFILER = "profiler"  # set by `rlperf profile`, never swept by a suite
 MACHINE = "machine"  # names the machine's hardware: two machines run one suite each on their own
 
 
-def knob(default: Any, help: str, *roles: str) -> Any:
-    """A TrainConfig field with its help and roles beside it."""
-    metadata = {"help": help, "roles": frozenset(roles)}
+@dataclass(frozen=True)
+class Allowed:
+    """What one knob allows on its own, declared beside its help; validate() adds the rules that span knobs."""
+    positive: bool = False
+    non_negative: bool = False
+    high: float | None = None  # with non_negative: at most this
+    choices: tuple[str, ...] = ()
+    pattern: str = ""  # a value it matches in full is allowed too, shown as `shown`
+    shown: str = ""
+    noun: str = ""  # what an unknown choice is called: "unknown dtype 'fp8'"
+    check: Callable[[Any], str | None] | None = None  # for a knob whose values need more than the above
+
+    def refusal(self, value: Any) -> str | None:
+        """Why `value` is not allowed, naming what is; None when it is."""
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+            return f"must be a finite number (got {value})"
+        if value is None:
+            return None
+        if self.choices and value not in self.choices and not (self.pattern and re.fullmatch(self.pattern, value)):
+            allowed = ", ".join((*self.choices, *([self.shown] if self.shown else [])))
+            return f"unknown {self.noun} {value!r} (allowed: {allowed})"
+        if self.positive and value <= 0:
+            return f"must be a positive number (got {value})"
+        if self.non_negative and self.high is None and value < 0:
+            return f"must be zero or more (got {value})"
+        if self.non_negative and self.high is not None and not 0 <= value <= self.high:
+            return f"must be between 0 and {self.high:g} (got {value})"
+        return self.check(value) if self.check else None
+
+
+def knob(default: Any, help: str, *roles: str, **allowed: Any) -> Any:
+    """A TrainConfig field with its help, roles and what it allows (Allowed's fields) beside it."""
+    metadata = {"help": help, "roles": frozenset(roles), "allowed": Allowed(**allowed)}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def delays_refusal(delays: dict[str, float]) -> str | None:
+    for phase, ms in delays.items():
+        if phase not in PHASES:
+            return f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})"
+        if not 0 <= ms <= MAX_INJECT_DELAY_MS:
+            return f"{phase}: milliseconds must be from 0 to {MAX_INJECT_DELAY_MS:g} (got {ms})"
+    return None
 
 
 @dataclass
@@ -51,59 +91,66 @@ class TrainConfig:
     env: str = knob("memory", "memory, cartpole, catch, synthetic, synthetic-device or gym:<id>; gym:<module>:<id> "
                               "imports the module that registers the id first (gym:ale_py:ALE/Breakout-v5); "
                               "synthetic-device is synthetic made and stepped on the training device, with no host "
-                              "copy, to time the trainer alone")
+                              "copy, to time the trainer alone",
+                     choices=BUILTIN_ENVS, pattern=r"gym:\S+", shown="gym:<id>", noun="environment")
     seed: int = knob(1, "random seed of the environments and the policy")
-    total_steps: int = knob(200_000, "agent steps to train for, rounded up to whole epochs of num_envs x horizon")
+    total_steps: int = knob(200_000, "agent steps to train for, rounded up to whole epochs of num_envs x horizon",
+                            positive=True)
     vectorization: str = knob("auto", "how gym:<id> envs are vectorized: native (the env's own vector entry point), "
                                       "sync (copies stepped in turn in this process), async (a subprocess per copy), "
-                                      "or auto (native where the env has one, else sync)")
+                                      "or auto (native where the env has one, else sync)",
+                              choices=VECTORIZATIONS, noun="mode")
     env_threads: int = knob(0, "threads that step a natively vectorized gym:<id> env's copies (ale-py's AtariVectorEnv), "
                                "in each env group; 0: the cores this process may use (its share when ranks share the "
-                               "machine), at most one per env")
+                               "machine), at most one per env", non_negative=True)
     env_workers: int = knob(0, "processes that build and step a natively vectorized gym:<id> env's copies (ale-py's), "
                                "each a share of every env group's copies with its share of env_threads: hundreds of "
-                               "emulators are built that many at a time, not one after another; 0: all in this process")
+                               "emulators are built that many at a time, not one after another; 0: all in this process",
+                            non_negative=True)
     # batch: num_envs x horizon agent steps per epoch, split into minibatches of whole sequences
-    num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon")
-    horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences")
-    minibatch_size: int = knob(512, "agent steps per minibatch, a multiple of horizon x world_size")
-    update_epochs: int = knob(2, "passes over the batch per epoch")
+    num_envs: int = knob(64, "environments in all ranks together; batch = num_envs x horizon", positive=True)
+    horizon: int = knob(16, "environment steps per rollout, and the length of the training sequences", positive=True)
+    minibatch_size: int = knob(512, "agent steps per minibatch, a multiple of horizon x world_size", positive=True)
+    update_epochs: int = knob(2, "passes over the batch per epoch", positive=True)
     # policy
-    hidden_size: int = knob(64, "width of the encoder and the LSTM, in units")
+    hidden_size: int = knob(64, "width of the encoder and the LSTM, in units", positive=True)
     lstm: bool = knob(True, "use the LSTM core (--no-lstm: an MLP-only policy)")
     encoder: str = knob("mlp", "observation encoder in front of the core: mlp (one linear layer) or cnn (convolutions "
-                               "8x8/4, 4x4/2, 3x3/1, then a linear layer to hidden_size; images of at least 36x36)")
+                               "8x8/4, 4x4/2, 3x3/1, then a linear layer to hidden_size; images of at least 36x36)",
+                        choices=ENCODERS, noun="encoder")
     cnn_channels: int = knob(32, "channels of the CNN's first convolution, twice as many in the second and third "
-                                 "(32: the usual Atari encoder); encoder=cnn only")
+                                 "(32: the usual Atari encoder); encoder=cnn only", positive=True)
     # PPO
-    learning_rate: float = knob(3e-3, "Adam's learning rate")
+    learning_rate: float = knob(3e-3, "Adam's learning rate", positive=True)
     anneal_lr: bool = knob(True, "lower the learning rate linearly to 0 over the run")
-    gamma: float = knob(0.97, "discount factor, 0 to 1")
-    gae_lambda: float = knob(0.95, "GAE lambda, 0 to 1")
-    clip_coef: float = knob(0.2, "PPO's ratio clip")
-    vf_coef: float = knob(0.5, "weight of the value loss")
-    ent_coef: float = knob(0.01, "weight of the entropy bonus")
-    max_grad_norm: float = knob(0.5, "gradient norm clip")
+    gamma: float = knob(0.97, "discount factor, 0 to 1", non_negative=True, high=1)
+    gae_lambda: float = knob(0.95, "GAE lambda, 0 to 1", non_negative=True, high=1)
+    clip_coef: float = knob(0.2, "PPO's ratio clip", non_negative=True)
+    vf_coef: float = knob(0.5, "weight of the value loss", non_negative=True)
+    ent_coef: float = knob(0.01, "weight of the entropy bonus", non_negative=True)
+    max_grad_norm: float = knob(0.5, "gradient norm clip", non_negative=True)
     # time to solve: the run goes on for total_steps either way, so every run of a point has the same budget
     target_return: float | None = knob(None, "smoothed episode return at which the run counts as solved; the "
                                              "summary records the agent steps and seconds at which it was first "
                                              "reached, or that total_steps ran out first (default: none)")
     target_window: int = knob(100, "episodes the smoothed return averages over: the most recent epochs' finished "
-                                   "episodes, at least this many; with target_return only")
+                                   "episodes, at least this many; with target_return only", positive=True)
     # the synthetic env
-    obs_size: int = knob(32, "observation width of env=synthetic, in values", SYNTHETIC_ENV)
+    obs_size: int = knob(32, "observation width of env=synthetic, in values", SYNTHETIC_ENV, positive=True)
     obs_shape: str = knob("", "observation shape of env=synthetic, comma-separated, e.g. 4,84,84 (default: empty, "
                               "obs_size values)", SYNTHETIC_ENV)
     obs_dtype: str = knob("float32", "observation dtype of env=synthetic: float32, or uint8 (pixels, copied to the "
-                                     "device as bytes and scaled to [0, 1] there)", SYNTHETIC_ENV)
-    num_actions: int = knob(4, "actions of env=synthetic", SYNTHETIC_ENV)
+                                     "device as bytes and scaled to [0, 1] there)", SYNTHETIC_ENV,
+                          choices=OBS_DTYPES, noun="dtype")
+    num_actions: int = knob(4, "actions of env=synthetic", SYNTHETIC_ENV, positive=True)
     env_cost_us: float = knob(0.0, "CPU microseconds env=synthetic spins per env per step, to model a costlier env",
-                              SYNTHETIC_ENV)
+                              SYNTHETIC_ENV, non_negative=True)
     # execution knobs
-    device: str = knob("cpu", "cpu, cuda or cuda:N (the first of world_size GPUs)", MACHINE)
+    device: str = knob("cpu", "cpu, cuda or cuda:N (the first of world_size GPUs)", MACHINE,
+                       choices=("cpu", "cuda"), pattern=r"cuda:\d+", shown="cuda:N", noun="device")
     threads: int = knob(0, "torch CPU threads per process; 0 leaves torch's default (one per physical core), or "
-                           "each rank's share of the cores when world_size > 1")
-    dtype: str = knob("fp32", "fp32, bf16 or fp16 (autocast around forward and loss)")
+                           "each rank's share of the cores when world_size > 1", non_negative=True, high=MAX_THREADS)
+    dtype: str = knob("fp32", "fp32, bf16 or fp16 (autocast around forward and loss)", choices=DTYPES, noun="dtype")
     pinned: bool = knob(False, "stage host<->device copies in page-locked buffers (CUDA only)", GPU)
     non_blocking: bool = knob(False, "asynchronous host<->device copies; needs --pinned (CUDA only)", GPU)
     cuda_graphs: bool = knob(False, "capture and replay the rollout step and the update as CUDA graphs (CUDA only)",
@@ -111,21 +158,23 @@ class TrainConfig:
     copy_stream: bool = knob(False, "issue host->device copies on a second stream; needs --pinned --non-blocking "
                                     "(CUDA only)", GPU)
     env_groups: int = knob(1, "step the envs in this many groups, each group's env step running beside the next "
-                              "group's policy step (results do not depend on it)")
+                              "group's policy step (results do not depend on it)", positive=True)
     compile: bool = knob(False, "torch.compile the rollout step and forward+loss (compile time reported apart)")
-    world_size: int = knob(1, "ranks (processes), one GPU each on CUDA; num_envs is split among them")
-    rank_timeout: float = knob(300.0, "seconds a rank may make no progress before the run fails with that rank named")
+    world_size: int = knob(1, "ranks (processes), one GPU each on CUDA; num_envs is split among them", positive=True)
+    rank_timeout: float = knob(300.0, "seconds a rank may make no progress before the run fails with that rank named",
+                               positive=True)
     # measurement
     timers: bool = knob(True, "per-phase timers (--no-timers to measure their cost)")
-    warmup_epochs: int = knob(1, "epochs left out of the steady SPS")
+    warmup_epochs: int = knob(1, "epochs left out of the steady SPS", non_negative=True)
     steady_seconds: float = knob(0.0, "after the warm-up, train whole epochs until the steady epochs' time reaches "
                                       "this many seconds (at least 2 epochs), total_steps the cap; 0 trains "
-                                      "total_steps")
+                                      "total_steps", non_negative=True)
     inject_delay: dict[str, float] = knob({}, "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch "
-                                              "(repeatable; default none)", OBSERVER)
+                                              "(repeatable; default none)", OBSERVER, check=delays_refusal)
     trace_dir: str = knob("", "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
                           OBSERVER, PROFILER)
-    trace_epochs: int = knob(1, "steady epochs to trace, at most the run's steady epochs", OBSERVER, PROFILER)
+    trace_epochs: int = knob(1, "steady epochs to trace, at most the run's steady epochs", OBSERVER, PROFILER,
+                             positive=True)
 
     @property
     def batch_size(self) -> int:
@@ -183,20 +232,6 @@ def fields_with(role: str) -> tuple[str, ...]:
 
 def field_help(name: str) -> str:
     return TrainConfig.__dataclass_fields__[name].metadata["help"]
-
-
-def _positive(cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if value <= 0:
-            raise ConfigError(name, f"must be a positive number (got {value})")
-
-
-def _non_negative(cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if value < 0:
-            raise ConfigError(name, f"must be zero or more (got {value})")
 
 
 def from_dict(values: dict[str, Any]) -> TrainConfig:
@@ -287,30 +322,21 @@ def cnn_refusal(shape: tuple[int, ...]) -> str | None:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Every rule about settings lives here; returns the config unchanged when it is valid."""
-    # NaN passes every comparison below unnoticed, and an infinite rate, coefficient or time trains nothing
+    """Every rule about settings lives here: each knob's own, declared beside its help, then the rules that span
+    knobs. Returns the config unchanged when it is valid."""
     for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f.name, f"must be a finite number (got {value})")
-    if cfg.env not in BUILTIN_ENVS and not re.fullmatch(r"gym:\S+", cfg.env):
-        raise ConfigError("env", f"unknown environment {cfg.env!r} (allowed: {', '.join(BUILTIN_ENVS)}, gym:<id>)")
-    _positive(cfg, "total_steps", "num_envs", "horizon", "minibatch_size", "update_epochs", "hidden_size",
-              "learning_rate", "world_size", "env_groups", "trace_epochs")
-    _non_negative(cfg, "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "max_grad_norm",
-                  "threads", "env_threads", "env_workers", "warmup_epochs", "env_cost_us", "steady_seconds")
-    _positive(cfg, "rank_timeout")
-    if cfg.threads > MAX_THREADS:
-        raise ConfigError("threads", f"must be at most {MAX_THREADS} (got {cfg.threads})")
-    for name in ("gamma", "gae_lambda"):
-        if getattr(cfg, name) > 1:
-            raise ConfigError(name, f"must be between 0 and 1 (got {getattr(cfg, name)})")
-    _positive(cfg, "target_window")
-    if cfg.target_return is None and cfg.target_window != TrainConfig.target_window:
-        raise ConfigError("target_window", "applies to runs with a target_return only (none is set)")
+        refusal = f.metadata["allowed"].refusal(getattr(cfg, f.name))
+        if refusal:
+            raise ConfigError(f.name, refusal)
+    for rules in (batch_rules, env_rules, synthetic_env_rules, device_rules, epoch_rules):
+        rules(cfg)
+    return cfg
 
+
+def batch_rules(cfg: TrainConfig) -> None:
     if cfg.num_envs % cfg.world_size:
-        raise ConfigError("num_envs", f"must divide evenly among world_size={cfg.world_size} ranks (got {cfg.num_envs})")
+        raise ConfigError("num_envs", f"must divide evenly among world_size={cfg.world_size} ranks "
+                                      f"(got {cfg.num_envs})")
     if cfg.envs_per_rank % cfg.env_groups:
         raise ConfigError("env_groups",
                           f"must divide each rank's {cfg.envs_per_rank} envs evenly (got {cfg.env_groups})")
@@ -322,67 +348,57 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"({cfg.batch_size}) into whole sequences (got {cfg.minibatch_size})",
         )
 
-    if cfg.vectorization not in VECTORIZATIONS:
-        raise ConfigError("vectorization", f"unknown mode {cfg.vectorization!r} (allowed: {', '.join(VECTORIZATIONS)})")
-    if cfg.vectorization != "auto" and not cfg.env.startswith("gym:"):
+
+def env_rules(cfg: TrainConfig) -> None:
+    gym = cfg.env.startswith("gym:")
+    if cfg.vectorization != "auto" and not gym:
         raise ConfigError("vectorization", f"applies to gym:<id> envs only (env is {cfg.env})")
-    if cfg.env_threads and not cfg.env.startswith("gym:"):
-        raise ConfigError("env_threads", f"applies to natively vectorized gym:<id> envs only (env is {cfg.env})")
-    if cfg.env_threads and cfg.vectorization in ("sync", "async"):
-        raise ConfigError("env_threads", f"sets a native vector env's own threads, and vectorization="
-                                         f"{cfg.vectorization} steps single copies (allowed with it: auto, native)")
-    if cfg.env_workers and not cfg.env.startswith("gym:"):
-        raise ConfigError("env_workers", f"applies to natively vectorized gym:<id> envs only (env is {cfg.env})")
-    if cfg.env_workers and cfg.vectorization in ("sync", "async"):
-        raise ConfigError("env_workers", f"splits a native vector env among processes, and vectorization="
-                                         f"{cfg.vectorization} steps single copies (allowed with it: auto, native)")
+    for name, what in (("env_threads", "sets a native vector env's own threads"),
+                       ("env_workers", "splits a native vector env among processes")):
+        if getattr(cfg, name) and not gym:
+            raise ConfigError(name, f"applies to natively vectorized gym:<id> envs only (env is {cfg.env})")
+        if getattr(cfg, name) and cfg.vectorization in ("sync", "async"):
+            raise ConfigError(name, f"{what}, and vectorization={cfg.vectorization} steps single copies (allowed "
+                                    f"with it: auto, native)")
     group_envs = cfg.envs_per_rank // cfg.env_groups
     if cfg.env_workers > group_envs:
         raise ConfigError("env_workers", f"each worker needs a copy of every env group's {group_envs} (allowed: 0 to "
                                          f"{group_envs}, got {cfg.env_workers})")
-    if cfg.encoder not in ENCODERS:
-        raise ConfigError("encoder", f"unknown encoder {cfg.encoder!r} (allowed: {', '.join(ENCODERS)})")
-    _positive(cfg, "cnn_channels")
     if cfg.encoder != "cnn" and cfg.cnn_channels != TrainConfig.cnn_channels:
         raise ConfigError("cnn_channels", f"applies to encoder=cnn only (encoder is {cfg.encoder})")
-    if cfg.obs_dtype not in OBS_DTYPES:
-        raise ConfigError("obs_dtype", f"unknown dtype {cfg.obs_dtype!r} (allowed: {', '.join(OBS_DTYPES)})")
     if cfg.encoder == "cnn" and cfg.env in VECTOR_ENVS:
         raise ConfigError("encoder", f"cnn needs image observations, and env {cfg.env} gives vectors (allowed: mlp)")
 
-    if cfg.env in SYNTHETIC_ENVS:
-        _positive(cfg, "obs_size", "num_actions")
-        if cfg.obs_shape and cfg.obs_size != TrainConfig.obs_size:
-            raise ConfigError("obs_shape", f"replaces obs_size: set one of them (got obs_shape={cfg.obs_shape!r} "
-                                           f"and obs_size={cfg.obs_size})")
-        shape = synthetic_obs_shape(cfg)
-        refusal = cnn_refusal(shape) if cfg.encoder == "cnn" else None
-        if refusal:
-            raise ConfigError("encoder", refusal)
-    else:
+
+def synthetic_env_rules(cfg: TrainConfig) -> None:
+    if cfg.env not in SYNTHETIC_ENVS:
         defaults = TrainConfig()
         for name in fields_with(SYNTHETIC_ENV):
             if getattr(cfg, name) != getattr(defaults, name):
                 raise ConfigError(name, f"applies to env=synthetic or synthetic-device only (env is {cfg.env})")
-    if cfg.env == "synthetic-device":
-        if cfg.env_cost_us:
-            raise ConfigError("env_cost_us", "spins the host per env step, and synthetic-device steps on the device "
-                                             "(allowed with it: 0; env=synthetic models a costlier host env)")
-        for name in ("pinned", "non_blocking", "copy_stream"):
-            if getattr(cfg, name):
-                raise ConfigError(name, "shapes host<->device copies, and synthetic-device makes none "
-                                        "(env=synthetic measures them)")
+        return
+    if cfg.obs_shape and cfg.obs_size != TrainConfig.obs_size:
+        raise ConfigError("obs_shape", f"replaces obs_size: set one of them (got obs_shape={cfg.obs_shape!r} "
+                                       f"and obs_size={cfg.obs_size})")
+    shape = synthetic_obs_shape(cfg)  # a malformed obs_shape is refused here, whatever the encoder
+    refusal = cnn_refusal(shape) if cfg.encoder == "cnn" else None
+    if refusal:
+        raise ConfigError("encoder", refusal)
+    if cfg.env == "synthetic-device" and cfg.env_cost_us:
+        raise ConfigError("env_cost_us", "spins the host per env step, and synthetic-device steps on the device "
+                                         "(allowed with it: 0; env=synthetic models a costlier host env)")
+    for name in ("pinned", "non_blocking", "copy_stream"):
+        if cfg.env == "synthetic-device" and getattr(cfg, name):
+            raise ConfigError(name, "shapes host<->device copies, and synthetic-device makes none "
+                                    "(env=synthetic measures them)")
 
-    if cfg.dtype not in DTYPES:
-        raise ConfigError("dtype", f"unknown dtype {cfg.dtype!r} (allowed: {', '.join(DTYPES)})")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError("device", f"unknown device {cfg.device!r} (allowed: cpu, cuda, cuda:N)")
-    if not cfg.is_cuda:
-        for name in fields_with(GPU):
-            if getattr(cfg, name):
-                raise ConfigError(name, "needs a CUDA device (device is cpu)")
-        if cfg.dtype == "fp16":
-            raise ConfigError("dtype", "fp16 needs a CUDA device (allowed on cpu: fp32, bf16)")
+
+def device_rules(cfg: TrainConfig) -> None:
+    for name in fields_with(GPU):
+        if getattr(cfg, name) and not cfg.is_cuda:
+            raise ConfigError(name, "needs a CUDA device (device is cpu)")
+    if cfg.dtype == "fp16" and not cfg.is_cuda:
+        raise ConfigError("dtype", "fp16 needs a CUDA device (allowed on cpu: fp32, bf16)")
     if cfg.non_blocking and not cfg.pinned:
         raise ConfigError("non_blocking", "needs pinned=true: a non_blocking copy from pageable memory is synchronous")
     if cfg.copy_stream and not (cfg.pinned and cfg.non_blocking):
@@ -399,12 +415,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.cuda_graphs and cfg.inject_delay:
         raise ConfigError("inject_delay", "cannot be used with cuda_graphs (a host sleep is not captured)")
 
-    for phase, ms in cfg.inject_delay.items():
-        if phase not in PHASES:
-            raise ConfigError("inject_delay", f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})")
-        if not 0 <= ms <= MAX_INJECT_DELAY_MS:
-            raise ConfigError("inject_delay", f"{phase}: milliseconds must be from 0 to {MAX_INJECT_DELAY_MS:g} "
-                                              f"(got {ms})")
+
+def epoch_rules(cfg: TrainConfig) -> None:
     if cfg.warmup_epochs >= cfg.num_epochs:
         raise ConfigError(
             "warmup_epochs",
@@ -415,4 +427,5 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.trace_epochs > steady_epochs:
         raise ConfigError("trace_epochs", f"must be at most the run's {steady_epochs} steady epochs "
                                           f"(got {cfg.trace_epochs}); raise total_steps or trace fewer epochs")
-    return cfg
+    if cfg.target_return is None and cfg.target_window != TrainConfig.target_window:
+        raise ConfigError("target_window", "applies to runs with a target_return only (none is set)")

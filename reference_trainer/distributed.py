@@ -63,10 +63,8 @@ def join(cfg: TrainConfig, quiet: bool, save_policy: str) -> dict | None:
     finally:
         dist.destroy_process_group()
         if not cfg.is_cuda:
-            # Gloo's worker threads can still hold the last collective's work, and its tensors, for a moment
-            # after destroy_process_group returns; a process that exits at once then aborts while the
-            # interpreter shuts down ("terminate called without an active exception"). Two-rank CPU runs
-            # here: 5 of 12 aborted without this pause, none of 10 with it.
+            # Gloo's worker threads can still hold the last collective's tensors just after destroy_process_group;
+            # exiting at once then aborts the interpreter's shutdown (docs/multi-gpu.md#what-n-ranks-do).
             time.sleep(GLOO_SETTLE_S)
     return summary if rank == 0 else None
 

@@ -1,19 +1,8 @@
 """A natively vectorized Gymnasium env split among worker processes, each owning a slice of the copies.
 
-ale-py builds its emulators one after another in the constructing process, each loading the ROM (86 ms a
-copy on the 2-core EPYC; a Breakout point's 256 copies took 33.8 s to build and reset on a 16-core H200
-machine), and no thread can share that work while the constructor holds the interpreter lock. Worker processes build their slices at once, so start-up
-is one slice's worth. Each worker then steps its slice with its own share of the env's threads.
-
-The pool looks like the gymnasium vector env it replaces (`reset`, `send`/`recv`, `step`, the spaces and
-metadata), so `GymVecEnv` reads it as it reads the env. Actions, observations, rewards and episode ends live
-in shared memory the pool creates and unlinks; the sockets carry only commands. Copy `lo + i` of a worker whose
-slice starts at `lo` is reset with seed `seed + lo + i`, as copy `lo + i` of one env of all the copies is, so
-the split changes where the copies are stepped, not what they do.
-
-A worker is a fresh interpreter (`python -m reference_trainer.env_workers FD`, talking over a socket pair): not
-a fork of a trainer that may hold CUDA and threads, nor multiprocessing's spawn, which runs the parent's main
-module again. It imports no torch, only numpy, gymnasium and the env's own module.
+ale-py builds its emulators one after another while holding the interpreter lock; workers build their slices at
+once. Each is a fresh interpreter (`python -m reference_trainer.env_workers FD`, no torch) that steps its slice,
+seeded as in one env of all the copies, through shared memory (docs/trainer.md#pixels-and-vectorized-environments).
 """
 
 from __future__ import annotations

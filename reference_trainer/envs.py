@@ -1,15 +1,7 @@
 """Vectorized environments: each steps all of its copies per call and auto-resets finished episodes.
 
-Observations are `[num_envs, *obs_shape]` of `obs_dtype` (float32, or uint8 pixels that stay uint8 until the
-policy scales them on the device); actions are integers in `[0, num_actions)`. `step` returns
-`(obs, rewards, dones, valid)`; finished episodes' returns and lengths accumulate until `drain_episodes()`
-takes them.
-
-`valid` is False where the step was no transition: an environment with `next_step_reset` spends the step
-after an episode's end on its reset (gymnasium's next-step autoreset), ignoring that step's action and
-returning the new episode's first observation. The trainer gives such steps no weight and starts the
-recurrent state afresh on the observation they return. Every other environment resets within the step
-that ended the episode, and all its steps are valid.
+Observations are `[num_envs, *obs_shape]` of `obs_dtype`; `step` returns `(obs, rewards, dones, valid)`, `valid`
+False where the step only reset an episode (gymnasium's next-step autoreset), which the trainer gives no weight.
 """
 
 from __future__ import annotations
@@ -57,10 +49,8 @@ class VecEnv:
     # An env that steps outside the caller's thread (its own threads or processes) says so and splits `step`
     # in two: `send` starts the step on `actions` and returns, `recv` waits for it and returns what step would.
     steps_on_its_own = False
-    # Whether a worker thread stepping it can run beside the policy. The envs here cannot: their steps are
-    # a few small numpy operations, which hold the interpreter lock, so a worker adds its hand-off and hides
-    # nothing (the memory env at 64 envs in two groups: 1.6 µs of env per agent step, 6.3 µs waited for it,
-    # 12% fewer SPS). Gymnasium's copies step emulators and simulators that let go of the lock.
+    # Whether a worker thread stepping it can run beside the policy. The envs here cannot: their small numpy steps
+    # hold the interpreter lock, so a worker adds its hand-off and hides nothing (docs/trainer.md#gpu-knobs).
     steps_beside_the_policy = False
 
     def send(self, actions: np.ndarray) -> None:
@@ -410,23 +400,10 @@ def native_thread_kwargs(env_id: str, spec, num_envs: int, threads: int) -> dict
 
 
 class GymVecEnv(VecEnv):
-    """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`: natively
-    vectorized by the env's own `vector_entry_point` (ale-py's `AtariVectorEnv` steps its emulators in C++
-    threads), or as copies stepped in turn (`sync`) or in a subprocess each (`async`). The native env's
-    `send`/`recv` and the async copies' `step_async`/`step_wait` are its own `send` and `recv`, so the
-    trainer's env groups start its step and collect it later (stepping.py).
-
-    Copies stepped by gymnasium are asked to reset within the step that ends an episode. A native env resets
-    as its `metadata["autoreset_mode"]` says (gymnasium's default, next-step, where it says nothing): a
-    next-step env's valid flags mark the step after each end, which only resets; an env that never resets
-    itself (disabled) is reset here, in the step that ended the episode.
-
-    A native env that takes `num_threads` steps its copies in that many threads (`threads`, 0: as many as
-    `auto_env_threads` gives); `threads` is then the count it was given, else None. Its start-up (the trainer's
-    `env_start_seconds`) is long for ale-py: it builds its emulators one after the other, each loading the ROM,
-    and its seeded reset loads every ROM again in its threads. With `workers` the native env is split among
-    that many worker processes (env_workers.py), which build their shares at once, each with its share of the
-    threads; `threads` is then their sum."""
+    """Any Gymnasium environment with a discrete action space, through `gymnasium.make_vec`: natively vectorized
+    by the env's own `vector_entry_point`, or as copies stepped in turn (`sync`) or in a subprocess each (`async`).
+    Its `send`/`recv` let env groups start a step and collect it later; it resets as its `autoreset_mode` says;
+    with `workers`, the native env is split among worker processes (env_workers.py)."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, vectorization: str = "auto", threads: int = 0,
                  workers: int = 0):

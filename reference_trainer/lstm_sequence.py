@@ -1,22 +1,8 @@
 """The LSTM over whole sequences with the state zeroed exactly at episode starts, as one autograd function
 whose forward and backward are written out by hand, for the CPU.
 
-On a CPU at the trainer's shapes (128 sequences of 128 units a minibatch) every operator is small, so each
-one's fixed cost counts. Stepping nn.LSTMCell costs about 54 operators a step forward and 115 in autograd's
-backward; here a step costs thirteen forward (the recurrent product, the gates' activations, the state update)
-and six backward (the gates' gradients, one product through the recurrent weights), and every product that
-does not feed the recurrence (the input projection, the weight gradients, the input gradient) is one matrix
-product over all steps. The buffers of one sequence shape, and each step's views into them, are made once
-and reused (`Workspaces`), so a step dispatches its arithmetic and nothing else.
-
-The function is the cell loop's: at step t the carried state is multiplied by keep = 1 - starts[t], as the
-rollout's step does, and the gates are nn.LSTMCell's (i, f, g, o, in its weights' row order).
-
-Every tanh is computed as 2 sigmoid(2a) - 1. torch's CPU tanh costs about six times its sigmoid per element,
-and three times that again on a gate's column slice of the [B, 4H] product: at 128 sequences a step's gate
-arithmetic took 138 us that way against 61 us this way, and at the rollout's 1024 envs 797 us against 218 us
-(two threads). The g rows of the weights are doubled for the call (exact in floating point), one sigmoid covers
-all four gates, and g and tanh(c) are mapped back from their sigmoids; the backward is unchanged.
+At the trainer's shapes every CPU operator's fixed cost counts: a step here costs thirteen operators forward and six
+backward, and every tanh is 2 sigmoid(2a) - 1 (docs/trainer.md, "Recurrence").
 """
 
 from __future__ import annotations

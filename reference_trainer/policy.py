@@ -1,13 +1,7 @@
 """Encoder (MLP or CNN) -> LSTM -> actor and critic heads.
 
-The rollout steps the recurrent cell once per environment step; training runs whole sequences through
-the same weights, with the state zeroed exactly where an episode started, so both see the same function.
-On a GPU, training cuts each sequence at its episode starts into pieces that cross no start, and runs all
-pieces through cuDNN's fused LSTM in one call, each from its true initial state: the carried state for a
-sequence's first piece, zeros for a piece that begins an episode; in full float32, as the rollout's cell
-computes (cuDNN would compute float32 in TF32 on Ampere and newer GPUs, another function). On a CPU it runs the
-sequence as one autograd function whose forward and backward are written out step by step
-(reference_trainer/lstm_sequence.py).
+The rollout steps the recurrent cell; training runs whole sequences through the same weights with the state zeroed
+exactly where an episode started, so both see one function (docs/trainer.md, "Recurrence").
 uint8 observations (pixels) arrive on the device as bytes and are scaled to [0, 1] here.
 """
 
@@ -75,8 +69,8 @@ class Policy(nn.Module):
         if use_lstm:
             self.cell = nn.LSTMCell(hidden_size, hidden_size)
             # Training's fused sequence kernel, weight-tied to the rollout's cell: the same Parameters, so one
-            # optimizer step moves both. Built on the meta device and given the cell's weights, so it draws no
-            # random numbers (the policy initialises as it did before it had one).
+            # optimizer step moves both. Built on the meta device, it draws no random numbers: every other
+            # layer's initial weights stay the seed's.
             self.lstm = nn.LSTM(hidden_size, hidden_size, device="meta")
             for name in LSTM_WEIGHTS:
                 setattr(self.lstm, f"{name}_l0", getattr(self.cell, name))
@@ -158,17 +152,9 @@ class Policy(nn.Module):
                            starts: torch.Tensor) -> torch.Tensor:
         """The LSTM over features `[T, B, H]` from states `[B, H]`, zeroed where `starts` is 1; returns `[T, B, H]`.
 
-        On a GPU, cuDNN's fused kernel over the reset-free pieces (`pieced_sequence`). It needs each call's
-        piece lengths on the host, and neither a CUDA graph capture nor a torch.compile trace can read a device
-        value: those run the same function one cell step at a time (`stepped_sequence`), whose shapes are fixed
-        and which reads nothing back. On a CPU every operator of the update is small at the trainer's shapes,
-        so each one's fixed cost counts: there the sequence is one autograd function with its forward and
-        backward written out (`lstm_sequence`: thirteen operators a step forward, six backward, every product that
-        does not feed the recurrence done once over all steps) against about 54 and 115 for stepping
-        nn.LSTMCell under autograd. It computes in the weights' dtype, so under CPU autocast (bf16) and under
-        torch.compile the cell steps. torch runs a packed sequence on a CPU as a loop of small operators, and
-        padding the pieces into one oneDNN call computed the update's model work at 0.74x the cell loop's speed
-        on one thread (the suites' setting), the padding adding half the rows."""
+        On a GPU, cuDNN's fused kernel over the reset-free pieces, except under capture or compile, which cannot read
+        the pieces' lengths back: there, and in CPU autocast, the cell steps. On a CPU, lstm_sequence's hand-written
+        function, as every operator's fixed cost counts (docs/trainer.md, "Recurrence")."""
         if x.is_cuda and not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
             return self.pieced_sequence(x, h, c, starts)
         if self.written_out_lstm(x, h, c):

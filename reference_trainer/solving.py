@@ -1,14 +1,7 @@
 """Time to solve: when a run's smoothed episode return first reached its target, in agent steps and seconds.
 
-The smoothed return at an epoch is the mean return of the episodes finished in the most recent epochs, back
-from that one, that together hold at least `target_window` episodes (Gym's "solved" criteria average 100
-consecutive episodes). Whole epochs are the unit because the trainer reads its statistics once per epoch; a
-run whose episodes are long (cart-pole near 500 steps) needs many epochs to fill a window, which delays its
-solve by the same number of steps whatever the knobs.
-
-A run that does not reach the target within total_steps is censored: its time to solve is known only to
-exceed the whole run. The record gives the durations either way, with `solved` saying which they are, the
-form survival statistics take (decisions/learning.py).
+Smoothed over the most recent whole epochs holding `target_window` episodes; a run that never reached the target is
+censored, its time known only to exceed the run (docs/sweeps-and-reports.md#time-to-solve-beside-sps).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """How the rollout steps one group of environments: in its own thread, as the policy computes.
 
-The trainer starts a group's env step as soon as the group's actions are on the host and collects it only
-when the group's next observations are needed, so with two or more groups the env of one group steps while
-the policy of the next computes and beside the other groups' envs, and a step costs the larger of env and
-policy rather than their sum. An env that steps on its own (`VecEnv.steps_on_its_own`: ale-py's emulator
-threads, gymnasium's async subprocesses) is sent its actions and left to step; gymnasium's sync copies are
-stepped by a worker thread of the group's own, which the emulators and simulators let run beside the policy
-while they hold no interpreter lock. The numpy envs of envs.py step in the trainer's thread
-(`VecEnv.steps_beside_the_policy` says why).
-
-Where a group's actions reach the host after `start` returns (a non_blocking copy, `ready` its event), they
-are waited for where the env steps, just before it does: by the group's worker thread, so that the trainer's
-thread goes on to launch the other groups and no group's env waits for another's; in the trainer's thread, when
-it collects the step, so that the device computes the steps launched meanwhile while the host waits.
-
-Both sides are timed: each step's span where the env runs (from sending the actions to the results being
-ready, or the worker's step from its start to its end), and `wait` the trainer thread's time spent on the env
-(starting its steps and waiting for their results, not for the actions they take). The env's busy time is the
-time any group's env was stepping (`busy_seconds`, the union of every group's spans, so groups stepping at once
-count once), and busy - wait the env time the overlap hid behind the policy.
+A group's env step starts once its actions are on the host and is collected when its next observations are needed,
+so a step costs the larger of env and policy rather than their sum; both sides are timed, to say which waits
+(docs/trainer.md#gpu-knobs, `--env-groups`).
 """
 
 from __future__ import annotations

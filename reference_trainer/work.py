@@ -1,22 +1,6 @@
 """The work of each phase per agent step, counted from the policy's shapes: the matrix products and
 convolutions it runs (each a kernel of rlperf/peaks.py, with how many calls one agent step costs), their FLOPs,
-and the bytes the phase must read and write at least.
-
-- eval_forward: one policy step per environment step, in calls of one env group's rows, plus the bootstrap
-  step after the horizon.
-- train_forward: per minibatch of S sequences of T steps, the encoder over all T x S observations, the LSTM
-  cell T times over S rows (or the MLP core once), the heads over all; `update_epochs` times per agent step.
-- learn: the gradients of those products. A layer's weight gradient always; its input's gradient unless the
-  input needs none: the observation entering the encoder's first layer, and the state entering the cell's
-  first step (it comes from the rollout). Optimizer and loss arithmetic are not counted, as FlopCounterMode
-  does not count them.
-
-Least bytes: every input of the phase read once and every output written once, weights once per call, nothing
-for intermediates (as if they stayed in cache): a lower bound, so the arithmetic intensity it gives is an
-upper bound. eval_forward reads the observation, the LSTM state and the weights, writes the state and the
-action, its log-probability and the value; train_forward reads the minibatch and the weights; learn reads the
-weights and writes their gradients, and Adam reads parameters, gradients and both moments and writes
-parameters and moments.
+and the bytes the phase must read and write at least, a lower bound (docs/machines.md#how-far-from-the-machines-limits).
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Trainer processes forked from a warm interpreter: each repeat is still a process of its own, but it starts
-with torch already imported instead of paying for the import.
+with torch already imported instead of paying for the import (docs/sweeps-and-reports.md#the-processes-a-sweep-starts).
 
-A repeat's process spends most of its start importing: on the 2-core EPYC `import torch` takes 1.4 s and
-torch._dynamo (which torch.optim's Adam imports when it is built) 1.1 s more, of a 3 s process at the smoke's
-sizes. asv saves the same cost with its `forkserver` launch method. Here a server imports WARM_MODULES once,
-then forks a child for each command it is given; the child becomes `python -m MODULE ARGS...` in the checkout
-the command names, by running the module as `-m` would there, so what it measures is what a fresh process
-measures: its own CUDA context, allocator, threads, seeds and env, nothing run before it but imports. The
-server imports no checkout's code, so one server forks both sides of a comparison: whatever an interpreter
-instance does to its children's speed then falls on both sides alike (docs/decision-rules.md, "Offsets one
-side shares").
-
-What makes the fork safe, checked before the server says it is ready: no Python thread besides the main one,
-and CUDA not initialized (a CUDA context made before a fork is unusable in the child). A CUDA build of torch
-loads the driver's library when imported but initializes nothing until first used; with the library loaded,
-the server forks one probe child that computes on the GPU, so what the children will do is shown to work
-before any of them is measured. A server that finds a hazard refuses, and its caller starts fresh processes.
-
-The child is started as `spawn` starts one (rlperf/processes.py): in a session of its own, killed when the
-server dies, and the server dies with its caller; its CPU time, which its caller cannot wait for, comes back
-with its exit code. Its title (`comm`, what `ps -o comm` and top show) is the module and the first argument
-(`rlperf train`); its command line stays the server's.
-
+A server forks only with no other Python thread and CUDA not initialized, after a probe child has computed on the GPU.
 Only the standard library is imported at the top: run as a script in another checkout's tree (the gate's
 baseline), this file must not import anything from there before the child runs the module.
 """

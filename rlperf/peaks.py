@@ -1,19 +1,9 @@
 """A machine's measured peaks, and the kernels both the trainer's work counts and the probe name.
 
-The trainer counts, per phase, the matrix products and convolutions it runs (reference_trainer/work.py);
-the probe (benches/peaks.py, `rlperf probe`) times those same kernels at the same shapes, and the machine's
-roofs: its fastest large matrix products, memory bandwidth, host<->device copies and the cost of one tiny op.
-The store keeps each measurement as a row of its `peaks` table (rlperf.store.PEAK_COLUMNS) keyed by
-machine_key; reports read them through `Peaks`. Importing this module stays cheap (no torch).
-
 Kernels, each `(op, dtype, shape)`; a product's shape is `[M, K, N]` (an `[M, K]` by `[K, N]` product):
-- `linear`: `x @ W.T + b` with `x` [M, K] and `W` [N, K], as a layer's forward runs it;
-- `mm`: `a @ b`, both stored as they are used (a layer's gradient with respect to its input);
-- `mm_tn`: `a.T @ b` with `a` stored [K, M] (a layer's gradient with respect to its weight);
-- `conv`: `[B, C, H, W, O, kernel, stride]`, a convolution of B images of C x H x W into O channels;
-- `conv_backward`: the same shape and a last entry 1 when the input's gradient is needed, 0 when only the
-  weight's is (a first layer, whose input is the observation).
-FLOPs count two per multiply-add and leave biases out, as torch's FlopCounterMode counts them.
+`linear` (`x @ W.T + b`, a layer's forward), `mm` (`a @ b`, a layer's input gradient), `mm_tn` (`a.T @ b`, its
+weight gradient), `conv` (`[B, C, H, W, O, kernel, stride]`) and `conv_backward` (the same and 1 when the input's
+gradient is needed). FLOPs count two per multiply-add, biases left out, as FlopCounterMode does. No torch here.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Child processes: started so that they die with whoever started them, and the ranks of a local
 torch.distributed job started on a free port, watched through heartbeat files and stopped together.
 
-Dying with the parent. A sweep killed with SIGKILL cannot clean up, and an orphaned trainer, or the ranks of
-one, would go on loading the machine while a resumed sweep measures. On Linux the kernel's parent-death
-signal ends a child when its parent goes, however it goes; the signal is not inherited, so every level
-(harness -> trainer -> ranks) arms it for its own children by starting them through `spawn`. It is armed in
-the child by this file run as a script, a fresh single-threaded interpreter, which then becomes the command
-by exec: safe where a `preexec_fn` in a threaded parent is not.
-
-The watchdog. Each rank counts its progress in a small shared file (`Heartbeat`); a rank that exits badly
-fails the job at once, and a rank that makes no progress for `rank_timeout` seconds fails it with the
-silence it kept, measured from its last beat. The others are then stopped.
-
-Only the standard library is imported at the top: run as the script above, this file must not import
-anything from the directory a caller runs the command in (another checkout's tree, for `--against`).
+An orphaned trainer would load the machine a resumed sweep measures, so every child arms the parent-death signal
+(docs/sweeps-and-reports.md#one-sweep-at-a-time-faults-and-interruptions). Only the standard library is imported at
+the top: run as a script, this file must not import anything from the directory a caller runs the command in.
 """
 
 from __future__ import annotations

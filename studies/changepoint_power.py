@@ -1,11 +1,8 @@
 """How often do change points appear in histories where nothing changed, and how often is a real shift found
-at its run? Measured by simulation through reports/changepoints.find on synthetic histories.
+at its run? Measured by simulation through decisions/changepoints.find on synthetic histories.
 
-`python -m studies.changepoint_power --noise 0.02 --offset 0.03 --runs 10 20 40 --histories 200` draws histories
-of one point's runs: each run a night with its own offset (shared by its repeats), each repeat a process with
-heavy-tailed noise, split into phases as the trainer reports them. Half the histories change nothing (any change
-point is false); half slow every phase by `--shift` from a run drawn in the middle half of the history (a find
-counts when a change point of the point's SPS lands at that run). Rates come with 95% Clopper-Pearson intervals.
+`python -m studies.changepoint_power --noise 0.02 --offset 0.03 --runs 10 20 40 --histories 200`; what it draws:
+docs/decision-rules.md#change-points-studieschangepoint_powerpy.
 """
 
 from __future__ import annotations

@@ -1,31 +1,8 @@
 """How often does the gate cry wolf, and how often does it catch a slowed point? Measured by simulation through
 the gate's own code.
 
-`python -m studies.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000` runs benches/night.py's
-Night (the screen, the choice of suspects, the sequential confirmation; decisions/screening.py's rules, judged from the
-frames the store would hold) over many nights of a simulated machine (studies/simulated.py): heavy-tailed process
-noise, drift between consecutive processes, a night's offset shared by every point and each point's own,
-contended processes some of which the monitor misses; with `--graphed-noise`, the points with CUDA graphs at a
-noise of their own (`--noise h100-eager --graphed-noise h100-graphed`: what an H100 measured). Half the nights
-change nothing, so any `regressed` verdict is a false night; on the other half one point, drawn anew each night,
-is slowed by `--slowdown`, and a night is caught when that point is `regressed` (which fails the job). Rates come
-with 95% Clopper-Pearson intervals (scipy).
-
-Before the nights studied, `--history-nights` unchanged nights are screened at `--screen-pairs` each, as a
-runner's store would hold them, and the screen's pairs are shared out by each point's spread in them, and each
-point's pairs read at that spread, as the gate does (decisions/screening.py screen_allocation and relative_spreads; 0:
-every point gets `--screen-pairs`, all read at the night's one spread).
-
-Each simulated process moves the machine's clock by its point's wall (`--walls-from MEASUREMENTS`: the walls
-studies/night_forecast.py models from the H100's measurements; `--walls-store STORE`: the walls the gate's own
-forecast takes from a store of real nights, such as a runner's; or `--process-s`; `--walls-scale 2` doubles them),
-so the night's seconds (`--night-s`) cut confirmations short as they would on the runner, and the screen is
-fitted to the night as the gate fits it (benches/forecast.py fit_night). `--side-offset SD` gives each side an
-offset its processes share for the whole night, which pairs do not cancel. Each night draws from its own seed (`--seed`
-and the night's number), so two plans simulated at one seed meet the same nights: their difference is paired.
-On bad nights it says where the slowed point went (caught, not a suspect in the screen, a suspect beyond those
-confirmed, one the night had no time left for, or its confirmation's end: inconclusive at the night's end or at
-its most pairs, short of its first look, stopped as not slower) and how often each point was caught.
+`python -m studies.gate_power --suite nightly --noise gpu --slowdown 0.10 --nights 2000`; what it draws and reports:
+docs/decision-rules.md#gate-nights-studiesgate_powerpy.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """How often does a comparison of time to solve cry wolf, and how large a change can it see? Measured here.
 
-`python -m studies.learning_power --seeds 40` runs one learning point (the first point of the `learning`
-suite unless `--suite`/`--point` say otherwise) with seeds seed, seed + 1, ... as the bench runs a learning
-point's repeats, each a fresh trainer process bracketed by the interference monitor. Its processes are kept in
-`--out`, so a later call with more `--seeds` adds to them (`--budget-s` stops a call early, to keep each under a
-time limit). Then it draws verdicts by resampling the quiet repeats through the report's decision code
-(decisions/learning.py):
-
-- A/A, one point: two disjoint draws of n seeds; a regressed or improved verdict is a false alarm;
-- A/A, a suite: as many points as the suite has, each drawn so, judged together as a baseline comparison
-  judges them (judge_all, Benjamini-Hochberg); any claim is a false alarm of the run;
-- slowed: n seeds against n others whose times to solve are stretched by a factor (a knob that needs that
-  many more steps at the same speed), censored where each repeat's run ended; a regressed verdict is a catch,
-  and the smallest factor caught 80% of the time is what n seeds a side detect.
-
-Resampled draws overlap, so the rates estimate what fresh runs would give; the times come from real runs.
+`python -m studies.learning_power --seeds 40`; what it runs and draws:
+docs/decision-rules.md#time-to-solve-on-real-runs-studieslearning_powerpy.
 """
 
 from __future__ import annotations

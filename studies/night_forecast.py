@@ -1,21 +1,8 @@
 """What will a night of `rlperf gate --suite nightly` take on one H100? The gate's own forecast
 (benches/forecast.py) over a store holding processes modelled from the walls measured on an H100.
 
-`python -m studies.night_forecast --measurements ../shared/measurements/h100-2026-11-24` takes, for each point of
-the suite a one-GPU runner measures, the trainer summary of the nearest configuration measured there
-(trainer/*.json, named in NEAREST) and models one process of the point as:
-
-    the harness's wall outside the trainer (the median over the gate store's processes, gate/results.sqlite:
-    interpreter start and imports) + the summary's warm-up (CUDA context, compilation or capture, two
-    warm-up epochs) + the steady window: whole steady epochs of the summary's median length until they reach
-    the point's steady_seconds (at least 2), capped by its total_steps.
-
-It stores one such process per point as an earlier run on a machine of its own in a temporary store and asks
-benches/forecast.py for the night, as `rlperf gate` would before measuring, and adds what the forecast leaves
-out: the peaks (measured once per store and machine; 49.8 s for one point's 22 in the gate run) and the expected
-confirmation at the simulated rate of suspects (studies/gate_power.py, `--pairs-confirmed`). torch.compile's
-caches kept on the runner make the compile points cheaper after the first night; that saving was not measured,
-so both compile points are forecast cold here.
+`python -m studies.night_forecast --measurements DIR`; how a process is modelled:
+docs/decision-rules.md#a-nights-forecast-on-one-h100-studiesnight_forecastpy.
 """
 
 from __future__ import annotations

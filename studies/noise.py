@@ -1,30 +1,7 @@
 """Which way of running trainer processes gives the most decisions per minute on this machine?
 
-`python -m studies.noise --rounds 12` measures one point (the synthetic env, LSTM-128, 64 envs, horizon 16) under
-several levers, each as pairs of back-to-back processes (as `--against` and the gate pair them), the levers
-taken in turn round after round so that drift over the run falls on all of them alike:
-
-- `default`: torch's threads (one per usable core); `one thread`: `threads = 1`;
-- `pinned`: one thread, the process pinned to one core (taskset);
-- `no aslr`: one thread, address-space randomization off (setarch -R);
-- `shorter`: one thread, half the steps (more, shorter processes);
-
-and inside every process a calibration kernel (a fixed fp32 matmul, timed before training) to see whether a
-process's luck shows in it: if it did, it could stand beside SPS as a control variate.
-
-On a GPU, `python -m studies.noise --device cuda --rounds 12 --out runs/noise-gpu` measures two points instead,
-LSTM-128 at 4096 envs eager and with CUDA graphs (GPU_LEVERS), each in pairs of `rlperf train` processes run by
-the bench harness (benches/runner.py), so NVML is sampled around every process: the processes go to a results
-store under --out, one repeat each, and `rlperf report STORE::RUN` shows every repeat's SM clock, clock-event
-reasons and temperature beside its SPS; the JSON gives each point's process and pair spread and each process's
-clock, reasons and temperature. `--seconds S` starts no round that would end past S seconds and analyses the
-rounds done.
-
-Per lever: median steady SPS, the robust log SD of one process's SPS, the robust SD of a pair's log ratio (what
-the paired tests see), the correlation of a pair's two processes, seconds per pair, and decisions per minute
-relative to `default` (the pairs a decision needs scale with the pair variance, so decisions per minute scale
-with 1 / (pair variance x seconds per pair)); and the calibration kernel's correlation with SPS across processes
-and what adjusting by it would leave of the pair spread. Figures go to --out as JSON.
+`python -m studies.noise --rounds 12` (on a GPU `--device cuda`); the levers and what it reports:
+docs/decision-rules.md#the-machines-noise-and-what-lowers-it-studiesnoisepy.
 """
 
 from __future__ import annotations

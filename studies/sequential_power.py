@@ -1,23 +1,7 @@
 """What `--until-decided` costs and catches, measured by simulation through its own code.
 
-`python -m studies.sequential_power --noise process=0.06,drift=0.6 --points 400` runs benches/pairing.py's
-Pairing (random order inside each pair, contended pairs left out, the design of decisions/sequential.py judged
-after every pair) on drawn processes (studies/simulated.py) for one point at a time:
-
-- A/A (the same code on both sides): any regressed or improved verdict is a false claim; the pairs used are the
-  cost of finding out that nothing changed;
-- slowed by `--slowdown`: a regressed verdict is a catch;
-
-and stores every point's two sides in a real store, renders nothing, but judges them again from the store as
-`rlperf report` does, counting any verdict that differs from the one the terminal printed. For comparison, the
-same draws are judged by the rule `--until-decided` used before: the unpaired exact Mann-Whitney interval at
-looks after 8, 12, 17, 24, 34 and 40 pairs, each spending alpha x pairs added / 40 (a union bound). Rates come
-with 95% Clopper-Pearson intervals.
-
-`python -m studies.sequential_power --noise h100 --scores 12,14 --alpha 0.005` compares the sign-flip statistics
-instead (signed ranks, the clipped score, the Cauchy score): the same drawn pairs of quiet processes, in a random
-order inside each pair, judged once at that many pairs by decisions/sequential.py's `decide`, one-sided at
-`--alpha` (a gate's confirmation of two suspects is at 0.5%), slowed by `--slowdown` and unchanged.
+`python -m studies.sequential_power --noise process=0.06,drift=0.6 --points 400`, or `--scores 12,14` to compare
+the sign-flip scores; what it draws: docs/decision-rules.md#paired-designs-studiessequential_powerpy.
 """
 
 from __future__ import annotations

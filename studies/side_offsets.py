@@ -1,26 +1,7 @@
 """Offsets one side's processes share: where they come from, and whether the gate's nights still show them.
 
-A gate's pairs cancel what both sides share. An offset that only one side's processes share for a whole night (its
-fork server's interpreter, its checkout's path, its launch method) reads as a code change. Two measurements
-(the reasoning and the figures: docs/decision-rules.md, "Offsets one side shares"):
-
-`python -m studies.side_offsets nights --store STORE` takes the A/A gate nights in STORE (the same code on both
-sides) and sets the spread of their mean log ratios against what their pairs' own noise allows: the excess is an
-offset the night's processes of one side shared.
-
-`python -m studies.side_offsets sources --suite SUITE --rounds 30 --blocks 8` takes the sources apart. Each round
-starts its servers anew, in an order drawn at random, and runs blocks of one process of each arm, in an order
-drawn at random, the blocks cycling over the suite's points:
-
-- `server 1`: forked from a server in this checkout, the arm the others are set against;
-- `server 2`: forked from a second server in this checkout (what one server instance gives its children);
-- `other path`: forked from server 1 in a checkout of HEAD at another path, made anew each round;
-- `fresh`: started fresh in this checkout (what the launch method gives).
-
-Each arm's difference from `server 1` within a block is one pair's log ratio; a one-way analysis of variance over
-rounds gives the variance of an offset that lasts a round beyond the pairs' noise (with its F test and an upper
-95% bound) and the mean offset over rounds (with its 95% interval). Run it from a clean checkout: the other path
-holds HEAD.
+`python -m studies.side_offsets nights --store STORE` and `python -m studies.side_offsets sources --suite SUITE`;
+why and how: docs/decision-rules.md#offsets-one-side-shares.
 """
 
 from __future__ import annotations

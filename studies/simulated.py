@@ -1,20 +1,6 @@
 """A machine whose trainer processes are drawn, not run: the error rates of the gate, `--until-decided` and
-bisect are measured by driving their own code (benches/pairing.py's pairs, benches/night.py's stages) with
-runners that answer like `PointRunner` with steady SPS drawn from a model of the noise measured here.
-
-The model, on the log scale of SPS, for each process:
-- the point's own level, times the slowdown its side's code has there;
-- the night's offset (clocks, thermals, a driver, a neighbour: every point of the night), and the point's own
-  offset that night (a compile cache, a memory layout), both drawn once per night;
-- each side's offset for the night (`side_night`: what one side's processes alone share, such as a fork server
-  of its own or its checkout's path), which pairs do not cancel;
-- the process's luck: Student-t (heavy tails) scaled to `process` SD, and correlated with the process before
-  it (`drift`: consecutive processes on this machine correlate about 0.6 at one thread);
-- now and then a neighbour (`contended` of processes), slowing it 1.3 to 3 times; the interference monitor
-  flags most of these, and misses `unflagged` of them, which then count as quiet;
-- a contaminating mixture for what a GPU showed: `wide_share` of processes draw their luck at `wide` SD
-  instead (an eager GPU point whose clock rises and falls with the load read 383K to 512K SPS in three processes
-  of one run, and one screen's pairs 1.225, 0.950, 1.190 right after other GPU work), unflagged.
+bisect are measured by driving their own code with runners that answer like `PointRunner`, steady SPS drawn from
+a model of the measured noise (docs/decision-rules.md#the-simulated-machine-studiessimulatedpy).
 """
 
 from __future__ import annotations
@@ -49,25 +35,12 @@ class Noise:
     side_night: float = 0.0  # log SD of an offset one side's processes share for a night
 
 
-# The noise this machine showed (docs/decision-rules.md) and the noise of a GPU runner the issue describes.
+# The named noises, and what each was measured from: docs/decision-rules.md#the-simulated-machine-studiessimulatedpy.
 GPU_RUNNER = Noise(process=0.02, drift=0.3, night=0.03, point_night=0.01, contended=0.01)
-# The noise the H100 showed (measurements/h100-2026-11-24, README there): pairs of one eager point spreading by
-# 5.4% (1.059, 0.989, 0.954), three processes of one run at 512K, 467K and 402K SPS and of separate runs at
-# 427K, 467K and 383K, and one screen's pairs at 1.225, 0.950, 1.190: a narrow 3.5% most of the time, with a
-# fifth of processes drawn at 12% (studies/gate_power.py reports the pair spread this gives and how likely
-# such a triple is under it).
 H100 = Noise(process=0.036, drift=0.3, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01,
              wide_share=0.2, wide=0.12)
-# The noise measured on an H100 by `studies.noise --device cuda` (results/nvidia-h100-2026-11-27: 4 pairs each of
-# fresh processes at LSTM-128, 4096 envs): eager processes spread by 15.9% and their pairs by 7.9%, graphed ones
-# by 3.1% and 2.6% (robust SDs, which a unit-variance t with 4 degrees of freedom puts at 0.78 of `process`).
-# The night offsets are the H100 model's, one night being all there was.
 H100_EAGER = Noise(process=0.2, drift=0.88, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
 H100_GRAPHED = Noise(process=0.04, drift=0.65, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
-# The same study on an H200 (results/nvidia-h200-2026-11-28: 12 pairs each, processes forked from a warm server):
-# eager processes spread by 7.1% and their pairs by 6.8%, graphed ones by 2.8% and 3.9%, the SM clock at 1,980 MHz
-# throughout and no clock event; consecutive graphed processes did not correlate. `process` is set so that the
-# model's pairs spread as the measured ones do (the gate reads pairs).
 H200_EAGER = Noise(process=0.082, drift=0.54, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
 H200_GRAPHED = Noise(process=0.032, drift=0.0, tail_df=4.0, night=0.03, point_night=0.01, contended=0.01)
 NOISES = {"gpu": GPU_RUNNER, "h100": H100, "h100-eager": H100_EAGER, "h100-graphed": H100_GRAPHED,

@@ -1,18 +1,7 @@
 """How often do verdicts cry wolf, and how often do they catch a real slowdown? Measured on this machine.
 
-`python -m studies.verdict_power --pairs 64 --slowed 40` runs one point (the synthetic env, LSTM-128, 64 envs,
-horizon 16, 32K steps) in many fresh processes: plain, and with a delay injected into `learn` sized to slow
-it by `--slowdown`, interleaved so drift lands on both alike, each bracketed by the interference monitor.
-Then it draws verdicts by resampling the quiet repeats:
-
-- A/A: two disjoint draws of plain repeats; any regressed or improved verdict is a false alarm;
-- slowed: plain against slowed repeats; a regressed verdict is a catch;
-
-at fixed sizes (n against n) by the rule for runs measured apart (decisions/verdicts.py), and through the paired
-sequential design of `rlperf bench --until-decided` (decisions/sequential.py) on the real pairs: a slowed process
-and the plain one measured beside it, and for A/A two plain processes measured one pair apart, in an order drawn
-at random; that also gives the pairs, and so the wall time, a decision takes. Resampled draws overlap, so the
-rates are estimates of what fresh runs would give.
+`python -m studies.verdict_power --pairs 64 --slowed 40`; what it runs and draws:
+docs/decision-rules.md#verdicts-on-real-processes-studiesverdict_powerpy.
 """
 
 from __future__ import annotations

@@ -116,8 +116,9 @@ def test_bad_suites_name_the_file_the_key_and_what_is_allowed(tmp_path, text, me
 
 
 def test_unknown_suite_name_lists_the_shipped_ones():
-    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, envs-curve, gate, gpu-smoke, "
-                                  r"hardware, learning, learning-atari, nightly, overhead, sb3-ppo, smoke, torchrl-ppo"):
+    with pytest.raises(BadInput, match=r"suite: unknown suite 'smok' \(allowed: atari, doctor-night, envs-curve, gate, "
+                                  r"gpu-smoke, hardware, learning, learning-atari, nightly, overhead, sb3-ppo, smoke, "
+                                  r"torchrl-ppo"):
         suites.load("smok")
 
 

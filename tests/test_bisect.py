@@ -174,7 +174,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_measured(small_repo
 
 
 def test_every_flag_has_help_with_its_default():
-    from benches.bisect import configure
+    from command.bisect import configure
     from command.cli import OneLineParser
 
     parser = OneLineParser(prog="rlperf bisect")

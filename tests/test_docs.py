@@ -14,6 +14,7 @@ does a value its parser's type or choices refuse. Reading the commands (docs/lay
 - `A|B` inside a value means each alternative is checked;
 - `...` stands for more arguments and ends the checking of that command (missing required arguments are then
   no error); an inline code span is read as if it ended in `...`;
+- a line whose second word ends in `:` (`rlperf doctor: error: ...`) is a command's output, not a command;
 - a line ending in `\\` continues on the next; `# ...` comments, `VAR=x` assignments before the command, a
   `$ ` prompt and redirections are dropped; `&&`, `||`, `;` and ` | ` separate commands.
 """
@@ -41,7 +42,7 @@ from test_floors import FLOORS
 
 NOT_SHELL = {"toml", "python", "py", "json", "yaml", "yml", "ini", "diff", "html", "csv"}
 # modules the docs may show that read no command line
-NO_ARGUMENTS = {"rlperf.machine", "benches.peaks"}
+NO_ARGUMENTS = {"rlperf.machine", "benches.peak_probe"}
 # a module whose trailing arguments are another command's: checked as that command's
 REMAINDER_OF = {"profilers.sampler_cost": "train"}
 PYTEST_SESSIONS = {"tests", "bench_micro"}
@@ -258,6 +259,11 @@ def is_python(text: str) -> bool:
     return re.fullmatch(r"python3?(\.\d+)?", text.rsplit("/", 1)[-1]) is not None
 
 
+def is_output(words: list[Word]) -> bool:
+    """`rlperf doctor: error: ...`: a name and a word ending in a colon open a command's output, not a command."""
+    return len(words) >= 2 and words[1].text.endswith(":") and not words[1].quoted
+
+
 def call_of(words: list[Word]) -> Call | None:
     at = 0
     while at < len(words) and not words[at].quoted and ENV_ASSIGNMENT.match(words[at].text):
@@ -429,6 +435,8 @@ def problems(shown: Shown) -> list[str]:
         # output shown in a block may hold any quote: only a line that calls a command must read as shell
         calls = re.match(r"(\S+=\S*\s+)*(\S*/)?(rlperf|nox|python3?|torchrun|pipx)\b", shown.text)
         return [f"{shown.where()}\n    cannot be read: {error}"] if calls and not shown.inline else []
+    if commands and is_output(commands[0]):
+        return []
     found = []
     for words in commands:
         call = call_of(words)
@@ -558,6 +566,7 @@ def test_a_wrong_command_in_the_docs_fails(tmp_path, text):
     "See `rlperf gate` and `rlperf bisect GOOD`.",
     "```bash\n.nox/bench/bin/rlperf runs runs/results.sqlite > runs.txt && echo done\n```",
     "```\nforecast: screen 31 min 57 s (16 points x 6 processes)\ngate: the point's screen\n```",
+    "```\nrlperf doctor: error: device: none is visible\n```\nIt ends in one line (`rlperf doctor: interrupted`).",
 ])
 def test_placeholders_and_shell_forms_read_as_the_rule_says(tmp_path, text):
     assert check_text(tmp_path, text) == []

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benches import suite as suites
-from command import doctor
+from benches import readiness
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the doctor would run its checks")
@@ -28,14 +28,14 @@ def test_without_a_gpu_rlperf_doctor_says_so_in_one_line_and_runs_nothing(tmp_pa
 def test_each_check_ends_in_one_line_ok_or_what_failed_and_where_its_log_is(tmp_path):
     python = sys.executable
     checks = [
-        doctor.Check("passes", [python, "-c", "print('fine')"], cap_s=60),
-        doctor.Check("exits badly", [python, "-c", "import sys; print('the last word'); sys.exit(3)"], cap_s=60),
-        doctor.Check("verified", [python, "-c", "pass"], cap_s=60, verify=lambda folder: f"no trace in {folder}"),
-        doctor.Check("refused", [python, "-c", "raise SystemExit(9)"], cap_s=60, refusal="pytest is not installed"),
-        doctor.Check("hangs", [python, "-c", "import time; print('waiting', flush=True); time.sleep(60)"], cap_s=1),
+        readiness.Check("passes", [python, "-c", "print('fine')"], cap_s=60),
+        readiness.Check("exits badly", [python, "-c", "import sys; print('the last word'); sys.exit(3)"], cap_s=60),
+        readiness.Check("verified", [python, "-c", "pass"], cap_s=60, verify=lambda folder: f"no trace in {folder}"),
+        readiness.Check("refused", [python, "-c", "raise SystemExit(9)"], cap_s=60, refusal="pytest is not installed"),
+        readiness.Check("hangs", [python, "-c", "import time; print('waiting', flush=True); time.sleep(60)"], cap_s=1),
     ]
     said = []
-    outcomes = doctor.run_checks(checks, tmp_path, said.append)
+    outcomes = readiness.run_checks(checks, tmp_path, said.append)
     assert said[0].startswith(f"[1/5] passes: {python} -c")
     lines = [outcome.line() for outcome in outcomes]
     assert lines[0] == "passes: ok (0 s)"
@@ -55,19 +55,19 @@ def test_ctrl_c_during_a_check_stops_its_process_and_reaches_the_command_line(tm
                              "print('interrupted the doctor', flush=True); time.sleep(60)")
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        doctor.run_checks([doctor.Check("long", [sys.executable, "-c", interrupts_its_parent], cap_s=60)],
+        readiness.run_checks([readiness.Check("long", [sys.executable, "-c", interrupts_its_parent], cap_s=60)],
                           tmp_path, lambda text: None)
-    assert time.monotonic() - started < doctor.STOP_GRACE_S
+    assert time.monotonic() - started < readiness.STOP_GRACE_S
     assert "KeyboardInterrupt" in (tmp_path / "long.log").read_text()
 
 
 def test_the_doctor_runs_the_gpu_tests_the_smoke_a_trace_and_a_night_of_three_nightly_points(tmp_path):
-    checks = doctor.runner_checks(tmp_path, "python3")
+    checks = readiness.runner_checks(tmp_path, "python3")
     assert [check.name for check in checks] == ["gpu tests", "gpu smoke", "traced profile", "gate night"]
     tests, smoke, profile, night = (" ".join(check.command) for check in checks)
     assert " -m pytest -m gpu " in tests and "--suite gpu-smoke --device cuda" in smoke
     assert "profile --device cuda" in profile and "--baseline HEAD --screen-pairs 2 --refine-points 0" in night
-    assert f"--suite {doctor.NIGHT_SUITE}" in night and f"--night-s {doctor.NIGHT_S}" in night
+    assert f"--suite {readiness.NIGHT_SUITE}" in night and f"--night-s {readiness.NIGHT_S}" in night
     nightly = {point.key: point.config for point in suites.load("nightly").points}
-    points = suites.load(doctor.NIGHT_SUITE).points
+    points = suites.load(readiness.NIGHT_SUITE).points
     assert len(points) == 3 and all(nightly.get(point.key) == point.config for point in points)

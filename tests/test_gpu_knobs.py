@@ -25,7 +25,7 @@ from reference_trainer import envs as envs_module
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import EpisodePieces, Policy
-from reference_trainer.selfcheck import REQUIRED_SHARE, attributed_shares
+from reference_trainer.attribution import REQUIRED_SHARE, attributed_shares
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.train import Trainer, train
 
@@ -72,12 +72,9 @@ def test_two_ranks_use_the_requested_gpus_and_report_the_requested_device(tmp_pa
 
 
 def test_async_copies_deliver_exactly_what_blocking_copies_do():
-    # The synthetic env's observations and rewards depend on the step and on the actions taken: an
-    # observation read before its copy landed, or an action read before it reached the host, changes
-    # the data and so every loss after it. The delay hook holds every copy back by far longer than the
-    # host takes to step, so a missing wait shows; tolerances allow for reduction order only. The two
-    # waits there are (the host on actions_ready, the compute stream on obs_ready) each guard one of those
-    # reads; every other order the copies need follows from them (Trainer.finish_env_step and rollout say how).
+    # A copy read before it landed changes the data and every later loss. The delay hook holds every copy back far
+    # longer than the host takes to step, so a missing wait (the host on actions_ready, the compute stream on
+    # obs_ready) shows; tolerances allow for reduction order only.
     blocking = per_epoch_losses(train(cuda_cfg()))
     steady_steps = (len(blocking) - BASE["warmup_epochs"]) * BASE["horizon"]
     for knobs in (dict(pinned=True), dict(pinned=True, non_blocking=True),
@@ -361,7 +358,7 @@ def test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs():
     tiny op, the four copies, and every kernel of the smoke's LSTM-128 at 1024 and 4096 envs (the heads of one
     and four outputs among them) and a convolution's, graphed in float32 and bfloat16: 42 kernels timed at once,
     more than torch's pool has streams (32). An H200 smoke's probe ended in a CUDA error among such needs."""
-    from benches import peaks as probe
+    from benches import peak_probe as probe
     from rlperf import peaks
 
     name = torch.cuda.get_device_name(0)

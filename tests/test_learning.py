@@ -75,12 +75,12 @@ def test_bad_targets_name_their_field(values, field):
 def test_a_target_round_trips_through_the_flags():
     import argparse
 
-    from reference_trainer.cli import config_from_args, configure
+    from reference_trainer.flags import add_train_flags, config_from_args
 
     config = TrainConfig(env="catch", target_return=-0.5, target_window=50)
     assert config.to_args() == ["--env", "catch", "--target-return", "-0.5", "--target-window", "50"]
     parser = argparse.ArgumentParser()
-    configure(parser)
+    add_train_flags(parser)
     assert config_from_args(parser.parse_args(config.to_args())) == config
     assert config_from_args(parser.parse_args([])).target_return is None
 

@@ -221,7 +221,7 @@ def test_locate_names_the_baseline_commit_and_keep_logs_only_the_gates_runs(nigh
 @pytest.mark.parametrize("status, steps, errors", [
     ("0", ["torch=success", "publish=success", "check=success", "gpu_tests=success"], []),
     ("1", ["publish=success"], ["a point regressed"]),
-    ("3", ["publish=success"], ["could not measure every point"]),
+    ("3", ["publish=success"], ["could not measure or decide every point"]),
     ("2", ["publish=success"], ["the gate did not finish (status 2)"]),
     ("", ["publish=failure"], ["the gate did not finish (status not written)", "left no outcome to publish"]),
     ("0", ["check=failure", "gpu_tests=success"], ["did not measure every point"]),

@@ -158,10 +158,9 @@ def test_a_gym_env_without_images_refuses_the_cnn_when_built():
 
 @pytest.mark.slow
 def test_the_cnn_lstm_policy_learns_catch_from_pixels():
-    # The ball shows only in the first frame: reading it takes the CNN, keeping it the LSTM. A memoryless
-    # policy catches at most 3 balls in 5 (0.54 here), a blind one 1 in 5; the CNN+LSTM catches 99-100% within
-    # 100K steps. One thread, fixed (the curve follows the reductions' order): two spun against a busy neighbour
-    # past the 300 s limit.
+    # The ball shows only in the first frame: reading it takes the CNN, keeping it the LSTM (a memoryless policy
+    # catches at most 3 in 5, 0.54 here; the CNN+LSTM 99-100% within 100K steps). One thread: the curve follows
+    # the reductions' order, and two threads spun past the 300 s limit against a busy neighbour.
     catch = dict(env="catch", encoder="cnn", cnn_channels=16, hidden_size=64, num_envs=64, horizon=16,
                  minibatch_size=256, learning_rate=1e-3, total_steps=100_000, seed=1, threads=1)
     assert train(validate(TrainConfig(**catch)))["mean_episode_return"] >= 0.9

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from profilers import pyspy, trace_events
-from profilers.render import print_profile
+from profilers.profile_tables import print_profile
 from profilers.timeline import clock_check, merge_timeline
 from reference_trainer.config import PHASES
 from command.cli import main

@@ -19,7 +19,7 @@ import pytest
 
 from rlperf.machine import machine_key
 from benches.runner import trainer_command
-from benches.peaks import measure
+from benches.peak_probe import measure
 from rlperf.peaks import needs_for_work
 from rlperf.store import PointRecord, Store, utc_now
 from reference_trainer.config import TrainConfig

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from benches import peaks as probe
+from benches import peak_probe as probe
 from benches.options import ProcessOptions
 from benches.sweep import Sweep
 from reference_trainer.config import TrainConfig, validate

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from profilers import interference
-from reference_trainer import selfcheck
+from reference_trainer import attribution
 from reference_trainer.config import PHASES
 from reference_trainer.timing import PhaseTimer
 from command.cli import main
@@ -25,7 +25,7 @@ def test_every_delay_lands_in_its_phase_alone_and_all_at_once(capsys):
     code = main(["selfcheck", "--device", "cpu", "--delay-ms", "400", "--epochs", "6"])
     out = capsys.readouterr().out
     for phase in PHASES:
-        assert f"{phase} {selfcheck.ALL_AT_ONCE}" in out
+        assert f"{phase} {attribution.ALL_AT_ONCE}" in out
     assert "FAIL" not in out
     # beside other work (other tests, other users) a share may be short: then it says so, and why
     short = 2 * len(PHASES) - out.count(" ok ")

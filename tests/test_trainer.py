@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference_trainer.cli import out_of_memory
+from command.train import out_of_memory
 from reference_trainer.config import PHASES, ConfigError, TrainConfig, from_dict, validate
 from reference_trainer.envs import CartPoleEnv, MemoryEnv, SyntheticEnv, make_env
 from reference_trainer.policy import Policy
@@ -168,7 +168,7 @@ def test_the_setup_stages_tile_the_time_before_the_first_epoch():
 
 
 def test_injected_delay_lands_in_its_phase():
-    from reference_trainer.selfcheck import median_phase_seconds
+    from reference_trainer.attribution import median_phase_seconds
 
     base = train(small(total_steps=16 * 8 * 8))
     delayed = train(small(total_steps=16 * 8 * 8, inject_delay={"train_misc": 50.0}))
@@ -335,7 +335,7 @@ def test_a_refusal_found_while_the_envs_are_built_is_one_line_into_a_pipe():
 def test_flags_name_only_changed_settings_and_round_trip_through_the_parser():
     import argparse
 
-    from reference_trainer.cli import config_from_args, configure
+    from reference_trainer.flags import add_train_flags, config_from_args
 
     config = {**TrainConfig().to_dict(), "num_envs": 32, "lstm": False, "learning_rate": 0.001,
               "inject_delay": {"learn": 5.0, "env": 1.5}}
@@ -343,7 +343,7 @@ def test_flags_name_only_changed_settings_and_round_trip_through_the_parser():
     assert flags == ["--num-envs", "32", "--no-lstm", "--learning-rate", "0.001",
                      "--inject-delay", "learn=5.0", "--inject-delay", "env=1.5"]
     parser = argparse.ArgumentParser()
-    configure(parser)
+    add_train_flags(parser)
     assert config_from_args(parser.parse_args(flags)).to_dict() == config
 
 

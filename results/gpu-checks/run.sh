@@ -34,7 +34,7 @@ BREAKOUT=(--env gym:ale_py:ALE/Breakout-v5 --encoder cnn --num-envs 256 --horizo
           --hidden-size 256 --device cuda --total-steps 2621440 --steady-seconds 6 --warmup-epochs 2 --env-workers 8)
 # where each env group's worker waits on its actions' CUDA event: pinned non_blocking copies, two groups
 FAST=(--env-groups 2 --pinned --non-blocking --cuda-graphs)
-ROOFLINE='import sys; from pathlib import Path; from command.doctor import smoke_roofline_problem
+ROOFLINE='import sys; from pathlib import Path; from benches.readiness import smoke_roofline_problem
 w = Path(sys.argv[1]); problem = smoke_roofline_problem(w / "smoke" / "results.sqlite", w / "smoke.log")
 print(problem or "the smoke roofline is whole: every peak measured, every point placed"); sys.exit(1 if problem else 0)'
 

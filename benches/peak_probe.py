@@ -1,28 +1,12 @@
-"""`rlperf probe`: this machine's peaks, measured here rather than looked up.
+"""This machine's peaks, measured here rather than looked up (`rlperf probe`, and a sweep for its run's roofline).
 
-What: on the device, the matrix-product peak in float32 (and bfloat16, float16 where the device has them: the
-fastest of square products of growing size, rlperf.peaks.ROOF_SIDES), memory bandwidth (a large copy, reads
-and writes counted), the cost of one tiny op (an add of one element: a dispatch on a CPU, a launch on a GPU),
-and on CUDA host->device and device->host copies from pinned and pageable memory. With `--store`, also every
-kernel (rlperf/peaks.py) that this machine's runs in the store computed, stored or not: readers keep each
-quantity's fastest measurement, so measuring again only ever raises a ceiling read low. A sweep measures the
-ones its own run lacks a quiet measurement of by itself.
-
-How: each quantity is called until WARMUP_S have passed (at least MIN_WARMUP_CALLS calls, each waited for on a
-GPU), then half as many calls again are timed to size the timings, then it is timed TIMINGS times, each timing as
-many calls as take about TIMING_S; the value is the fastest of those rates. Other work only ever slows a timing,
-so the fastest is the closest to what the machine can do (STREAM reports its best rate for the same reason), and a
-peak is a ceiling: read low, it would call a phase faster than its ceiling. A host clock brackets each timing, the
-device synchronized before and after it. The model's kernels are timed in rounds (`measure`). On a GPU they are
-timed as a CUDA graph of their calls, so the rate is the device's, without the host's launch cost (the tiny op's
-rate gives that); on a CPU every call is a Python call, as in the trainer. A CPU is measured at the thread count
-its runs used. Run as `python -m benches.peaks`, it reads the list of needs (rlperf.peaks.need) as JSON on stdin
-and writes the measured rows, and the need whose measurement failed if one did, as JSON on stdout.
+Each quantity is timed several times after a warm-up and the fastest rate kept: other work only ever slows a timing,
+and a peak is a ceiling (docs/machines.md#how-far-from-the-machines-limits). Run as `python -m benches.peak_probe`,
+it reads the needs as JSON on stdin and writes the measured rows as JSON on stdout.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -34,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlperf import peaks
-from rlperf.arguments import device_choice, positive_int
 from rlperf.errors import BadInput, MachineFault
 
 TIMINGS = 7
@@ -70,65 +53,6 @@ def failed_measuring(need: dict[str, Any], exc: BaseException, rows: list[dict[s
     first = (str(exc).strip().splitlines() or [""])[0]
     return ProbeFailed(f"peaks: measuring {need_name(need)} on {need['device']} failed: {type(exc).__name__}: {first}",
                        rows, [need])
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", type=device_choice,
-                        help="cpu, cuda, cuda:N, or auto (the first GPU when there is one) (default auto)")
-    parser.add_argument("--threads", type=positive_int, metavar="N",
-                        help="CPU threads to measure with (default: the trainer's, one per usable core)")
-    parser.add_argument("--store", type=Path, metavar="PATH",
-                        help="also store the peaks under this machine's key, with the kernels its runs there "
-                             "computed (default: print only)")
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="also write the measured rows as JSON (default: none)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from rlperf.errors import output_file, written_whole
-    from rlperf.machine import collect, machine_key, probe
-    from rlperf.store import Store
-    from rlperf.terminal import default_console
-
-    machine = probe()
-    device = machine.resolve_device(args.device)
-    refusal = machine.skip_reason({"device": device, "world_size": 1, "dtype": "fp32"})
-    if refusal:
-        raise BadInput(f"device: {refusal}")
-    if device != "cpu" and args.threads:
-        raise BadInput("threads: applies to device=cpu only (a GPU's peaks do not depend on host threads)")
-    if args.json:
-        output_file(args.json, "json")
-    index = int(device.partition(":")[2] or 0)
-    device_name = "cpu" if device == "cpu" else machine.gpus[index]["name"]
-    threads = args.threads or (default_threads() if device == "cpu" else 0)
-    dtypes = ["float32"] + (["bfloat16"] if device == "cpu" or machine.gpus[index]["bf16"] else []) \
-        + ([] if device == "cpu" else ["float16"])
-    needs = peaks.roof_needs(device, device_name, threads, dtypes)
-    key = machine_key(collect(machine, ""))
-    console = default_console()
-    # a bad store is refused before anything is measured
-    with Store.open(args.store) if args.store else contextlib.nullcontext() as store:
-        if store is not None:
-            runs = store.runs()
-            mine = runs.loc[runs["machine_key"] == key, "run_id"]
-            needs = peaks.unique(needs + run_needs(store, mine))
-        with console.status(f"measuring {len(needs)} peaks on {device_name}"):
-            try:
-                rows, account = watched(lambda: measure(needs))
-            except ProbeFailed as failure:
-                if store is not None and failure.rows:
-                    store.add_peaks(key, failure.rows)
-                raise
-        if store is not None:
-            store.add_peaks(key, rows)
-    if args.json:
-        with written_whole(args.json) as partial:
-            partial.write_text(json.dumps(rows, indent=1))
-    show(console, rows, device_name, threads, key, args.store)
-    if account["contended"]:
-        console.print("warning" + busy_note(account, args.store), markup=False, soft_wrap=True)
-    return 0
 
 
 def run_needs(store, run_ids) -> list[dict[str, Any]]:
@@ -241,34 +165,6 @@ def busy_note(account: dict[str, Any], store: Path | None) -> str:
     again = f"`rlperf probe --store {store}`" if store else "`rlperf probe`"
     return (f"; other processes were busy meanwhile ({account['why']}), so these peaks may read low: "
             f"{again} on a quiet machine measures them again")
-
-
-def default_threads() -> int:
-    """The trainer's default: torch's (one per physical core), capped by the cores this process may use."""
-    import torch
-
-    from rlperf.cpus import usable_cores
-
-    return min(torch.get_num_threads(), usable_cores())
-
-
-def show(console, rows: list[dict[str, Any]], device_name: str, threads: int, key: str, store: Path | None) -> None:
-    from rich.table import Table
-
-    from reports.formatting import fmt_method, fmt_peak, fmt_rate, fmt_rate_range
-
-    where = f"{threads} threads" if device_name == "cpu" else device_name
-    table = Table(title=f"peaks of {where}, machine key {key}: fastest of {TIMINGS} timings")
-    for column in ("what", "dtype", "rate", "timings (min – max)", "how"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(fmt_peak(row), row["dtype"] or "–", fmt_rate(row["value"], row["unit"]),
-                      fmt_rate_range(row["samples"], row["unit"]),
-                      fmt_method(row["method"]))
-    console.print(table)
-    console.print("The matrix-product peak is the fastest of these products; memory counts a large copy's reads "
-                  "and writes; a tiny op is one add of one element (its fixed cost). "
-                  + (f"Stored in {store}." if store else "Not stored (--store PATH keeps them)."), soft_wrap=True)
 
 
 # ---- measuring (in the process that owns the device) --------------------------------------------------------
@@ -536,7 +432,7 @@ def probe_process(needs: list[dict[str, Any]], python: str) -> list[dict[str, An
     """One fresh interpreter measuring `needs`: its rows, or ProbeFailed with the rows it measured and the need
     that failed."""
     try:
-        done = subprocess.run([python, "-m", "benches.peaks"], input=json.dumps(needs), capture_output=True,
+        done = subprocess.run([python, "-m", "benches.peak_probe"], input=json.dumps(needs), capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise BadInput(f"peaks: the probe did not finish within {PROBE_TIMEOUT_S:.0f} s") from None

@@ -14,18 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-from reference_trainer.cli import config_from_args
-from reference_trainer.cli import configure as configure_train
+from profilers.profile_run import DEFAULT_SAMPLE_HZ, TRACE_NAME
 from reference_trainer.config import TrainConfig
+from reference_trainer.flags import add_train_flags, config_from_args
 from rlperf.arguments import MAX_SAMPLE_HZ, number_in, positive_int
-from profilers.profile_run import DEFAULT_SAMPLE_HZ
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
-
-TRACE_NAME = "trace.json.gz"  # the file name the trainer gives its trace
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    configure_train(parser, omit=("trace_dir",))  # the trace goes to --out
+    add_train_flags(parser, omit=("trace_dir",))  # the trace goes to --out
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="directory for the trace, its summary, utilization samples and py-spy output "
                              "(required; new or empty)")
@@ -76,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         with written_whole(args.json) as partial:
             partial.write_text(json.dumps(result.profile, indent=1))
     if not args.quiet:
-        from profilers.render import print_profile
+        from profilers.profile_tables import print_profile
 
         print_profile(result.profile)
     return result.returncode

@@ -1,48 +1,20 @@
-"""`rlperf train`: flags are generated from TrainConfig, so every knob has exactly one definition."""
+"""`rlperf train`: one training, its per-phase table and SPS; the flags are the config's (reference_trainer/flags.py)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 
-from reference_trainer.config import FIELD_TYPES, PHASES, TrainConfig, field_help, from_dict, parse_delay
+from reference_trainer.config import PHASES, TrainConfig
+from reference_trainer.flags import add_train_flags, config_from_args
 from reference_trainer.progress import run_with_progress
 from rlperf.errors import MachineFault, output_file, written_whole
 
 
-def configure(parser: argparse.ArgumentParser, omit: tuple[str, ...] = ()) -> None:
-    """One flag per TrainConfig field; fields in `omit` get no flag and keep their default."""
-    defaults = TrainConfig()
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        help_text = field_help(f.name)
-        if f.name in omit:
-            parser.set_defaults(**{f.name: [] if f.name == "inject_delay" else default})
-        elif f.name == "inject_delay":
-            parser.add_argument(flag, action="append", default=[], metavar="PHASE=MS", help=help_text)
-        elif isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=f"{help_text} (default {'on' if default else 'off'})")
-        elif f.name == "trace_dir":
-            parser.add_argument(flag, default=default, metavar="DIR", help=help_text)
-        else:  # an optional setting's help says what leaving it unset means
-            parser.add_argument(flag, type=FIELD_TYPES[f.name], default=default,
-                                help=help_text if default is None else f"{help_text} (default {default})")
-    parser.add_argument("--json", metavar="PATH",
-                        help="write the run's summary here (docs/results-format.md; default: none)")
-    parser.add_argument("--save-policy", metavar="PATH", default="",
-                        help="save the trained policy's state_dict here (default: not saved)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or table (default: shown)")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    values["inject_delay"] = dict(parse_delay(text) for text in args.inject_delay)
-    return from_dict(values)
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_train_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

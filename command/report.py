@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.formatting import print_table
+    from reports.formatting import print_table, print_verdicts
     from reports.history import print_changes, render_history
     from reports.render import render
     from decisions.rundata import load
@@ -61,56 +61,3 @@ def run(args: argparse.Namespace) -> int:
         print_verdicts(console, verdicts)
     console.print(f"report: {paths[0]} and {paths[1]}", markup=False)
     return code
-
-
-def print_verdicts(console, verdicts) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from reports.formatting import fmt_change, fmt_detectable, fmt_sps
-    from decisions.verdicts import fmt_interval
-
-    colors = {"regressed": "bold red", "improved": "green", "failed": "magenta", "missing": "yellow", "new": "cyan",
-              "inconclusive": "yellow"}
-    table = Table(title="verdicts against the baseline")
-    for column in ("point", "status", "baseline SPS", "SPS", "change (interval)", "detects"):
-        table.add_column(column, no_wrap=True)  # point names stay whole in CI logs; the note takes the rest
-    table.add_column("phases that grew; note", overflow="fold")
-    for verdict in verdicts:
-        sps = verdict.sps
-        grew = ", ".join(f"{phase} {fmt_change(change.relative)}" for phase, change in verdict.phases_grew)
-        # Text cells, not markup: point labels and reasons come from results and may contain brackets.
-        table.add_row(
-            Text(verdict.point), Text(verdict.status, style=colors.get(verdict.status, "")),
-            fmt_sps(sps.baseline) if sps else "–", fmt_sps(sps.candidate) if sps else "–",
-            f"{fmt_change(sps.relative)} {fmt_interval(sps)}" if sps else "–",
-            fmt_detectable(verdict.detectable) if sps else "–",
-            Text("; ".join(text for text in (grew, verdict.reason) if text)),
-        )
-    console.print(table)
-
-
-def print_gate(console, found, plan) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from decisions import screening
-    from reports.formatting import fmt_change, fmt_detectable
-    from decisions.verdicts import fmt_interval
-
-    colors = {screening.REGRESSED: "bold red", screening.PASSED: "green", screening.NOT_CONFIRMED: "yellow",
-              screening.UNMEASURED: "magenta", screening.UNDECIDED: "magenta", screening.SKIPPED: "dim"}
-    table = Table(title="gate: did any point get slower?")
-    for column in ("point", "status", "screen (pairs)", "pair noise", "confirmation (pairs)", "detects"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("note", overflow="fold")
-    for verdict in found:
-        screen, sps = verdict.screen, verdict.confirmation.sps if verdict.confirmation else None
-        table.add_row(
-            Text(verdict.point), Text(verdict.status, style=colors.get(verdict.status, "")),
-            f"{fmt_change(screen.estimate)} ({screen.quiet}/{screen.pairs})" if screen.quiet else "–",
-            f"{screen.spread:.1%}" if screen.quiet > 1 else "–",
-            f"{fmt_change(sps.relative)} {fmt_interval(sps)} ({sps.n_candidate})" if sps else "–",
-            fmt_detectable(screening.point_detectable(plan, screen)),
-            Text(verdict.note or screen.reason))
-    console.print(table)

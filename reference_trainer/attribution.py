@@ -5,7 +5,7 @@ of the delay that the breakdown attributed to that phase is (delayed run's media
 baseline's) / delay. Medians over epochs keep one noisy epoch from deciding the verdict. A last run
 injects the delay into every phase at once: each phase must still receive its own delay, so a delay
 charged to the phase after it (or counted in both) cannot pass by landing where another was expected.
-The command itself (profilers/selfcheck.py) brackets every training with the interference monitor.
+The command itself (command/selfcheck.py) brackets every training with the interference monitor.
 """
 
 from __future__ import annotations
