@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from profilers.selfcheck import ATTACHED_PHASES, command_runs, command_summary
+from profilers.command_check import ATTACHED_PHASES, command_runs, command_summary
 
 TRAINERS = {
     "sb3": ([sys.executable, "-m", "benches.trainers.sb3_ppo", "--n-envs", "16", "--n-steps", "128",

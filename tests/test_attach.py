@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from profilers.attach_command import attached_environment
-from profilers.selfcheck import shares_of
+from profilers.command_check import shares_of
 from rlperf.machine import REPO_ROOT
 from rlperf.summary import OTHER, RunSummary
 

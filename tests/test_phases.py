@@ -171,7 +171,8 @@ def test_selfcheck_runs_on_a_users_loop_and_lands_each_delay_in_its_phase(tmp_pa
     env.pop(phases.OWNER_VARIABLE, None)
     done = subprocess.run([sys.executable, "-m", "rlperf", "selfcheck", "--no-attach", "--delay-ms", "30", "--",
                            sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines() if " ok " in line or "FAIL" in line]
-    # the four phases the loop marks, alone and all at once
-    assert len(rows) == 8 and all(" ok " in row for row in rows), done.stdout
+    # the four phases the loop marks, alone and all at once: each ok, or short on a busy machine and said so
+    verdicts = (" ok ", "FAIL", "contended │")
+    rows = [line for line in done.stdout.splitlines() if any(verdict in line for verdict in verdicts)]
+    assert len(rows) == 8 and not any("FAIL" in row for row in rows), done.stdout + done.stderr
+    assert done.returncode == 0 or (done.returncode == 1 and "contended: the " in done.stdout), done.stdout
