@@ -242,22 +242,21 @@ def watch_backward(output: Any) -> bool:
     return found
 
 
-def backward_reached(grad) -> None:
+def enter_learn() -> None:
+    """Backward reached the training forward's output, or the optimizer steps: `learn` begins, once."""
     clock = phases._clock
     if clock is None or "learn" in clock.stack:
-        return None
+        return
     close_train_forward(clock)
     clock.enter("learn")
-    return None
+
+
+def backward_reached(grad) -> None:
+    enter_learn()
 
 
 def optimizer_pre_hook(optimizer, args, kwargs) -> None:
-    clock = phases._clock
-    if clock is None or "learn" in clock.stack:
-        return None
-    close_train_forward(clock)
-    clock.enter("learn")
-    return None
+    enter_learn()
 
 
 def optimizer_post_hook(optimizer, args, kwargs) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from profilers.attach_command import attached_environment
 from profilers.command_check import shares_of
+from profilers.interference import InterferenceMonitor
 from rlperf.machine import REPO_ROOT
 from rlperf.summary import OTHER, RunSummary
 
@@ -66,7 +67,8 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert summary.steps == int(out.split()[-1]) == 4 * 16 * 4 and summary.steady_steps == 3 * 16 * 4
     assert all(summary.phases[name] > 0 for name in ATTACHED)
     # the sleep between rollout and update is other; the one after the last update is in no epoch
-    assert 3 * 0.010 <= summary.phases[OTHER] < 3 * 0.010 + 0.2 and summary.steady_seconds < 0.3
+    assert 3 * 0.010 <= summary.phases[OTHER] < summary.steady_seconds / 2
+    assert summary.wall_seconds - sum(epoch["seconds"] for epoch in summary.epochs) >= 0.3
     assert summary.attached["env_classes"] == ["gymnasium.vector.sync_vector_env.SyncVectorEnv"]
     assert "torch.optim.optimizer.register_optimizer_step_post_hook" in summary.attached["hooks"]
 
@@ -103,9 +105,14 @@ def test_a_registry_trainers_ppo_is_attributed_and_its_delays_land_in_their_phas
     assert plain.steps == own[own_count] and plain.steady_steps == 4 * plain.epochs[-1]["steps"]
     assert all(plain.phases[name] > 0 for name in ATTACHED) and OTHER in plain.phases
     assert plain.phase_coverage >= 0.90, plain.phases
+    monitor = InterferenceMonitor()
+    monitor.start()
     delayed, _ = attached(command, tmp_path, dict.fromkeys(ATTACHED, DELAY_MS), name="delayed")
+    busy = monitor.stop()
     shares = shares_of(plain, delayed, ATTACHED, DELAY_MS)
-    assert all(share >= 0.95 for share in shares.values()), shares
+    # a share short of its delay fails on a quiet machine; beside another process's load it proves nothing, as
+    # `rlperf selfcheck` says (the monitor's rule)
+    assert all(share >= 0.95 for share in shares.values()) or busy["contended"], (shares, busy)
 
 
 def test_a_command_that_is_not_found_fails_or_writes_no_summary_is_one_line(tmp_path):
@@ -137,6 +144,11 @@ def test_on_cuda_an_attached_sb3_ppo_lands_each_delay_in_its_phase(tmp_path):
     command = [*SB3, "--device", "cuda"]
     plain, _ = attached(command, tmp_path, name="plain")
     assert plain.device_name != "cpu"
+    monitor = InterferenceMonitor()
+    monitor.start()
     delayed, _ = attached(command, tmp_path, dict.fromkeys(ATTACHED, DELAY_MS), name="delayed")
+    busy = monitor.stop()
     shares = shares_of(plain, delayed, ATTACHED, DELAY_MS)
-    assert all(share >= 0.95 for share in shares.values()), shares
+    # a share short of its delay fails on a quiet machine; beside another process's load it proves nothing, as
+    # `rlperf selfcheck` says (the monitor's rule)
+    assert all(share >= 0.95 for share in shares.values()) or busy["contended"], (shares, busy)
