@@ -35,7 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with a command: the phases to delay, comma-separated (default: those attach finds, "
                              f"{','.join(ATTACHED_PHASES)}; with --no-attach, every phase the command's own run shows)")
     parser.add_argument("--no-attach", action="store_true",
-                        help="with a command: it marks its own phases through rlperf.phases; attach nothing")
+                        help="with a command: it marks its own phases through rlperf.phases; attach nothing "
+                             "(default: attach)")
     parser.add_argument("--timeout", type=number_in(0, 86_400, low_included=False), default=600.0,
                         help="with a command: seconds each of its runs may take (default 600)")
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",

@@ -436,6 +436,8 @@ class GymVecEnv(VecEnv):
             else:
                 # copy=False: each step's observations are copied into the trainer's staging buffer before the next
                 vector_kwargs = {"vector_kwargs": {"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}}
+                if mode == VectorizeMode.ASYNC:  # forked whatever start method an import set (torchrl sets spawn)
+                    vector_kwargs["vector_kwargs"]["context"] = "fork"
             self.threads = vector_kwargs.get("num_threads")
             try:
                 self._env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode=mode, **vector_kwargs)

@@ -66,8 +66,9 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert summary.writer == "attach" and len(summary.epochs) == 4
     assert summary.steps == int(out.split()[-1]) == 4 * 16 * 4 and summary.steady_steps == 3 * 16 * 4
     assert all(summary.phases[name] > 0 for name in ATTACHED)
-    # the sleep between rollout and update is other; the one after the last update is in no epoch
-    assert 3 * 0.010 <= summary.phases[OTHER] < summary.steady_seconds / 2
+    # the sleep between rollout and update is other, and little else is; the one after the last update is in no epoch
+    slept = 3 * 0.010
+    assert slept <= summary.phases[OTHER] < slept + sum(summary.phases[name] for name in ATTACHED)
     assert summary.wall_seconds - sum(epoch["seconds"] for epoch in summary.epochs) >= 0.3
     assert summary.attached["env_classes"] == ["gymnasium.vector.sync_vector_env.SyncVectorEnv"]
     assert "torch.optim.optimizer.register_optimizer_step_post_hook" in summary.attached["hooks"]

@@ -246,11 +246,11 @@ def test_forked_and_fresh_trainers_train_alike_and_the_account_says_how_each_sta
             assert record.status == "ok", record.reason
             summaries[method] = record.samples[0][1]
     forked, fresh = summaries["forked"], summaries["fresh"]
-    assert forked["losses"] == fresh["losses"] and forked["episodes"] == fresh["episodes"]
-    assert forked["interference"]["launch"] == "forked" and fresh["interference"]["launch"] == "fresh"
+    assert forked.losses == fresh.losses and forked.episodes == fresh.episodes
+    assert forked.interference["launch"] == "forked" and fresh.interference["launch"] == "fresh"
     # the forked trainer's CPU time is the trainer's (its harness cannot wait for it: the server reports it), not
     # another program's; whether the machine was quiet besides is the monitor's to say
-    assert forked["interference"]["trainer_cpu_s"] > 0.1
+    assert forked.interference["trainer_cpu_s"] > 0.1
 
 
 @pytest.mark.gpu
