@@ -25,6 +25,7 @@ import torch
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env_groups
+from reference_trainer.epoch_calls import WholeRollout, bootstrap_value
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
@@ -136,12 +137,15 @@ class Trainer:
                                          self.stats, self.experience.batch)
         self.calls = DeviceCalls([step.run for step in steps], self.minibatch.forward_loss,
                                  self.minibatch.backward_step, cfg.compile)
+        if cfg.whole_rollout:
+            experience, envs = self.experience, self.envs
+            self.calls.cover_rollout(lambda steps: WholeRollout(experience, steps, envs, cfg.horizon))
 
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         # recorded after each group's non_blocking copy of its actions: the env steps once it has passed
         self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.non_blocking else None
-        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
+        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")
@@ -176,9 +180,15 @@ class Trainer:
         self.timer.start_epoch()
 
     def rollout(self) -> None:
-        """`horizon` steps of every environment, then the value of the observation after them."""
+        """`horizon` steps of every environment, then the value of the observation after them: step by step, or
+        as one call (graph_scope rollout or both)."""
         with self.rollout_casts():
-            self.rollout_steps()
+            if self.calls.rollout is None:
+                self.rollout_steps()
+                return
+            self.rank.beat()
+            self.timer.enter("rollout_graph")
+            self.calls.rollout()
 
     def rollout_steps(self) -> None:
         T, x = self.cfg.horizon, self.experience
@@ -201,21 +211,8 @@ class Trainer:
                     self.launch_step(group, t + 1)
                     self.start_env_step(group, t + 1)
 
-        # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
-        # step_value: those calls are the ones already compiled or captured, where a value-only forward would
-        # be one more program to compile and capture for one call an epoch. What else they do is undone or
-        # kept on purpose: the recurrent state is put back, since the next epoch's first step reads this
-        # observation again from the state before it; the noise they draw advances the random generator the
-        # update's minibatch order and the next epoch's actions come from, so leaving it out would change
-        # every later epoch.
         self.timer.enter("eval_forward")
-        x.step_obs.copy_(x.obs[T])
-        x.step_start.copy_(x.starts[T])
-        saved_h, saved_c = x.h.clone(), x.c.clone()
-        for step in self.calls.steps:
-            step()
-        x.h.copy_(saved_h)
-        x.c.copy_(saved_c)
+        bootstrap_value(x, self.calls.steps)
 
     def launch_step(self, group: int, t: int) -> None:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""

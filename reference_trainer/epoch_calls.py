@@ -1,0 +1,59 @@
+"""The rollout and the update as whole calls into the device (`graph_scope`), each capturable as one CUDA graph
+replayed once an epoch.
+
+A whole call reads and writes only fixed buffers and device state, draws its random numbers from the device
+generator, and never reads a device value on the host: the env's ring positions, the minibatch order and the
+learning rate all live on the device. Like the policy step and the minibatch update, neither holds a reference
+back to the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from reference_trainer.experience import Experience
+
+
+def bootstrap_value(x: Experience, steps: list[Callable[[], None]]) -> None:
+    """The critic's value of observation T, left in `step_value` by the groups' whole policy steps.
+
+    Those calls are the ones already compiled or captured, where a value-only forward would be one more program to
+    compile and capture for one call an epoch. The recurrent state they advance is put back, since the next epoch's
+    first step reads this observation again from the state before it; the noise they draw is kept, as the update's
+    minibatch order and the next epoch's actions come from the generator after it."""
+    T = x.obs.shape[0] - 1
+    x.step_obs.copy_(x.obs[T])
+    x.step_start.copy_(x.starts[T])
+    saved_h, saved_c = x.h.clone(), x.c.clone()
+    for step in steps:
+        step()
+    x.h.copy_(saved_h)
+    x.c.copy_(saved_c)
+
+
+class WholeRollout:
+    """Every step of the rollout, of every env group, then the bootstrap value, as one call: for envs stepped on
+    the device (`step_into`), whose positions live there too, so that nothing in the call needs the host.
+
+    The trainer's own loop interleaves the groups to overlap host envs with the policy; here each step's policy
+    calls come first and its env steps after, which computes the same: a group's env step reads only that group's
+    actions, and the first group's policy step draws every group's noise before any of them reads it."""
+
+    def __init__(self, experience: Experience, steps: list[Callable[[], None]], envs: list, horizon: int):
+        self.experience, self.steps, self.envs, self.horizon = experience, steps, envs, horizon
+
+    def __call__(self) -> None:
+        x = self.experience
+        x.start_rollout()
+        for t in range(self.horizon):
+            for view, step in zip(x.groups, self.steps):
+                view.step_obs.copy_(view.obs[t])
+                view.step_start.copy_(view.starts[t])
+                step()
+                view.actions[t].copy_(view.step_action)
+                view.logprobs[t].copy_(view.step_logprob)
+                view.values[t].copy_(view.step_value)
+            for view, env in zip(x.groups, self.envs):
+                env.step_into(view.actions[t], view.obs[t + 1], view.rewards[t], view.dones[t])
+                view.starts[t + 1].copy_(view.dones[t])
+        bootstrap_value(x, self.steps)
