@@ -105,13 +105,15 @@ class Autocast:
 class DeviceCalls:
     """The calls the loop makes into the device, each reading and writing only fixed buffers: each group's
     policy step (`steps`), the update's forward and loss (`forward`), and its backward and optimizer step
-    (`learn`), or a whole rollout (`rollout`) made of the steps. Eager, or compiled by torch.compile
+    (`learn`), or a whole rollout (`rollout`) made of the steps and a whole update (`update`) made of the two
+    halves. Eager, or compiled by torch.compile
     (`compile=True`; a whole call's parts are), until `capture()` replaces them with CUDA graphs."""
 
     def __init__(self, steps: list[Callable[[], None]], forward: Callable[[], None], learn: Callable[[], None],
                  compile: bool):
         self.steps, self.forward, self.learn = steps, forward, learn
         self.rollout: Callable[[], None] | None = None
+        self.update: Callable[[], None] | None = None
         self.first_calls: list[FirstCallTimed] = []
         self.capture_seconds = 0.0
         if compile:
@@ -122,6 +124,10 @@ class DeviceCalls:
     def cover_rollout(self, whole_rollout: Callable[[list[Callable[[], None]]], Callable[[], None]]) -> None:
         """Makes the rollout one call, `whole_rollout` of the (compiled) steps: captured whole, not step by step."""
         self.rollout = whole_rollout(self.steps)
+
+    def cover_update(self, whole_update: Callable[[Callable[[], None], Callable[[], None]], Callable[[], None]]) -> None:
+        """Makes the update one call, `whole_update` of the (compiled) forward and learn halves."""
+        self.update = whole_update(self.forward, self.learn)
 
     def first_call_timed(self, fn: Callable[[], None]) -> FirstCallTimed:
         timed = FirstCallTimed(fn)
@@ -140,14 +146,17 @@ class DeviceCalls:
         capture_start = time.perf_counter()
         # A graph keeps addresses, not tensors: what the replaced calls read and write stays referenced here
         # for as long as the graphs can be replayed, whoever else holds it.
-        self.captured_calls = (self.steps, self.forward, self.learn, self.rollout)
+        self.captured_calls = (self.steps, self.forward, self.learn, self.rollout, self.update)
         if self.rollout is not None:
             self.rollout = captured(self.rollout, stream).replay
         else:
             self.steps = [captured(step, stream).replay for step in self.steps]
-        forward_graph = captured(self.forward, stream)
-        self.learn = captured(self.learn, stream, pool=forward_graph.pool()).replay
-        self.forward = forward_graph.replay
+        if self.update is not None:
+            self.update = captured(self.update, stream).replay
+        else:
+            forward_graph = captured(self.forward, stream)
+            self.learn = captured(self.learn, stream, pool=forward_graph.pool()).replay
+            self.forward = forward_graph.replay
         self.capture_seconds += time.perf_counter() - capture_start
 
 

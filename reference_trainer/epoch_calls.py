@@ -1,5 +1,5 @@
 """The rollout and the update as whole calls into the device (`graph_scope`), each capturable as one CUDA graph
-replayed once an epoch.
+replayed once an epoch, and the update pass both scopes run.
 
 A whole call reads and writes only fixed buffers and device state, draws its random numbers from the device
 generator, and never reads a device value on the host: the env's ring positions, the minibatch order and the
@@ -11,7 +11,40 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
+from reference_trainer.config import TrainConfig
 from reference_trainer.experience import Experience
+from reference_trainer.ppo import gae, normalized
+
+
+def nothing(*_: object) -> None:
+    pass
+
+
+def update_pass(cfg: TrainConfig, x: Experience, stats: torch.Tensor, forward: Callable[[], None],
+                learn: Callable[[], None], device: torch.device, world_size: int = 1,
+                all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                beat: Callable[[], None] = nothing, enter: Callable[[str], None] = nothing) -> None:
+    """Advantages, then `update_epochs` passes of minibatches of whole sequences; `enter(phase)` marks where each
+    part begins (the trainer's timer), `beat` that the pass is progressing."""
+    n, S = cfg.envs_per_rank, cfg.minibatch_sequences_per_rank
+    enter("train_misc")
+    advantages = gae(x.rewards, x.values, x.dones, x.step_value, cfg.gamma, cfg.gae_lambda)
+    returns = advantages + x.values
+    advantages = normalized(advantages, x.valid if x.masked else None, world_size, all_reduce_sum)
+    sources = x.by_sequence(advantages, returns)
+    stats.zero_()
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(n, device=device)
+        for start in range(0, n, S):
+            beat()
+            enter("train_misc")
+            x.gather_minibatch(sources, order[start:start + S])
+            enter("train_forward")
+            forward()
+            enter("learn")
+            learn()
 
 
 def bootstrap_value(x: Experience, steps: list[Callable[[], None]]) -> None:
@@ -57,3 +90,33 @@ class WholeRollout:
                 env.step_into(view.actions[t], view.obs[t + 1], view.rewards[t], view.dones[t])
                 view.starts[t + 1].copy_(view.dones[t])
         bootstrap_value(x, self.steps)
+
+
+class LearningRateSchedule:
+    """Adam's learning rate annealed linearly to 0 over the run, as the trainer sets it after each epoch, read from
+    a table on the device at the update's own count of epochs: a replayed update anneals it with no host write."""
+
+    def __init__(self, cfg: TrainConfig, lr: torch.Tensor):
+        self.lr = lr.view(1)
+        after_epoch = [cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs) for epoch in range(cfg.num_epochs)]
+        self.table = torch.tensor(after_epoch, dtype=lr.dtype, device=lr.device)
+        self.epoch = torch.zeros(1, dtype=torch.long, device=lr.device)
+
+    def advance(self) -> None:
+        torch.index_select(self.table, 0, self.epoch, out=self.lr)
+        self.epoch.add_(1)
+
+
+class WholeUpdate:
+    """The update pass of every minibatch of every update epoch as one call, then the learning rate's step of the
+    schedule when it anneals: `forward` and `learn` are the minibatch update's halves, eager or compiled."""
+
+    def __init__(self, cfg: TrainConfig, experience: Experience, stats: torch.Tensor, forward: Callable[[], None],
+                 learn: Callable[[], None], device: torch.device, schedule: LearningRateSchedule | None):
+        self.cfg, self.experience, self.stats, self.device = cfg, experience, stats, device
+        self.forward, self.learn, self.schedule = forward, learn, schedule
+
+    def __call__(self) -> None:
+        update_pass(self.cfg, self.experience, self.stats, self.forward, self.learn, self.device)
+        if self.schedule is not None:
+            self.schedule.advance()

@@ -25,10 +25,10 @@ import torch
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env_groups
-from reference_trainer.epoch_calls import WholeRollout, bootstrap_value
+from reference_trainer.epoch_calls import LearningRateSchedule, WholeRollout, WholeUpdate, bootstrap_value, update_pass
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
-from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
+from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep
 from reference_trainer.stepping import busy_seconds, env_stepper
 from reference_trainer.summary import summary_of_run
 from rlperf.summary import RunSummary
@@ -140,6 +140,11 @@ class Trainer:
         if cfg.whole_rollout:
             experience, envs = self.experience, self.envs
             self.calls.cover_rollout(lambda steps: WholeRollout(experience, steps, envs, cfg.horizon))
+        if cfg.whole_update:
+            schedule = LearningRateSchedule(cfg, self.lr) if cfg.anneal_lr else None
+            experience, stats = self.experience, self.stats
+            self.calls.cover_update(lambda forward, learn: WholeUpdate(cfg, experience, stats, forward, learn, device,
+                                                                       schedule))
 
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
@@ -284,26 +289,15 @@ class Trainer:
             torch.cuda._sleep(self.copy_delay_cycles)  # the test hook of train()'s docstring
 
     def update(self) -> None:
-        """Advantages, then `update_epochs` passes of minibatches of whole sequences."""
-        cfg, x = self.cfg, self.experience
-        n, S = cfg.envs_per_rank, cfg.minibatch_sequences_per_rank
-        self.timer.enter("train_misc")
-        advantages = gae(x.rewards, x.values, x.dones, x.step_value, cfg.gamma, cfg.gae_lambda)
-        returns = advantages + x.values
-        advantages = normalized(advantages, x.valid if x.masked else None, self.rank.world_size,
-                                self.rank.all_reduce_sum)
-        sources = x.by_sequence(advantages, returns)
-        self.stats.zero_()
-        for _ in range(cfg.update_epochs):
-            order = torch.randperm(n, device=self.device)
-            for start in range(0, n, S):
-                self.rank.beat()
-                self.timer.enter("train_misc")
-                x.gather_minibatch(sources, order[start:start + S])
-                self.timer.enter("train_forward")
-                self.calls.forward()
-                self.timer.enter("learn")
-                self.calls.learn()
+        """Advantages, then `update_epochs` passes of minibatches of whole sequences: minibatch by minibatch, or
+        as one call (graph_scope update or both)."""
+        if self.calls.update is None:
+            update_pass(self.cfg, self.experience, self.stats, self.calls.forward, self.calls.learn, self.device,
+                        self.rank.world_size, self.rank.all_reduce_sum, self.rank.beat, self.timer.enter)
+            return
+        self.rank.beat()
+        self.timer.enter("update_graph")
+        self.calls.update()
 
     def end_epoch(self, epoch: int) -> dict:
         """The one read of device statistics this epoch; returns the epoch's record."""
@@ -315,7 +309,7 @@ class Trainer:
         updates = cfg.update_epochs * (cfg.envs_per_rank // cfg.minibatch_sequences_per_rank) * self.rank.world_size
         losses = {name: float(totals[i]) / updates for i, name in enumerate(STAT_NAMES)}
         episodes_done = int(totals[-1])
-        if cfg.anneal_lr:
+        if cfg.anneal_lr and not cfg.whole_update:  # a whole update anneals it on the device
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
         env_times = [stepper.take_times() for stepper in self.steppers]
