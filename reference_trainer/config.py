@@ -25,6 +25,8 @@ OBS_DTYPES = ("float32", "uint8")
 GRAPH_SCOPES = ("step", "rollout", "update", "both")
 ROLLOUT_PHASES, UPDATE_PHASES, LOG_PHASE = PHASES[:4], PHASES[4:7], PHASES[7]
 ROLLOUT_GRAPH, UPDATE_GRAPH = GRAPH_PHASES
+# every phase a run of any graph_scope reports, in the order of an epoch
+EVERY_PHASE = (*ROLLOUT_PHASES, ROLLOUT_GRAPH, *UPDATE_PHASES, UPDATE_GRAPH, LOG_PHASE)
 # (kernel, stride) of the CNN encoder's convolutions: the usual Atari encoder
 CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
 # A delay is a sleep once an epoch that a phase must absorb; a minute of it is already no measurement.

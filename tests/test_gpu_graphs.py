@@ -1,5 +1,6 @@
 """The whole rollout and the whole update captured as CUDA graphs (graph_scope): replays train like eager, draw fresh
-actions at every replay, synchronise nothing with the host and zero the recurrent state at every episode start. Every test needs CUDA and skips without it; the same calls
+actions at every replay, synchronise nothing with the host, zero the recurrent state at every episode start, and a
+traced epoch's kernels are split between the two graphs. Every test needs CUDA and skips without it; the same calls
 run uncaptured on a CPU in tests/test_whole_calls.py."""
 
 import math
@@ -7,6 +8,7 @@ import math
 import pytest
 import torch
 
+from profilers.trace_summary import summarize_trace
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
@@ -146,3 +148,15 @@ def test_no_reset_leaks_through_the_captured_rollout(monkeypatch):
     assert torch.equal(first[started], second[started])
     assert not torch.equal(first[~started], second[~started])
 
+
+def test_a_traced_whole_graph_epoch_splits_its_kernels_by_the_graph_that_ran_them(tmp_path):
+    cfg = cuda_cfg(graph_scope="both", cuda_graphs=True, trace_dir=str(tmp_path))
+    summary = train(cfg)
+    traced = summarize_trace(summary["trace"], summary)
+    by_phase = traced["kernels_by_phase"]
+    # one launch of each graph in the traced epoch, each holding every kernel it ran
+    assert by_phase["rollout_graph"]["launches"] == by_phase["update_graph"]["launches"] == 1
+    assert by_phase["rollout_graph"]["kernels"] > cfg.horizon and by_phase["update_graph"]["kernels"] > 0
+    assert sum(phase["kernels"] for phase in by_phase.values()) == \
+        round(traced["kernels_per_env_step"] * traced["env_steps"])
+    assert by_phase["rollout_graph"]["kernel_us"] > 0 and by_phase["update_graph"]["kernel_us"] > 0
