@@ -80,15 +80,15 @@ class WholeRollout:
         x.start_rollout()
         for t in range(self.horizon):
             for view, step in zip(x.groups, self.steps):
-                view.step_obs.copy_(view.obs[t])
-                view.step_start.copy_(view.starts[t])
+                view.step_obs.copy_(view.obs_at[t])
+                view.step_start.copy_(view.starts_at[t])
                 step()
-                view.actions[t].copy_(view.step_action)
-                view.logprobs[t].copy_(view.step_logprob)
-                view.values[t].copy_(view.step_value)
+                view.actions_at[t].copy_(view.step_action)
+                view.logprobs_at[t].copy_(view.step_logprob)
+                view.values_at[t].copy_(view.step_value)
             for view, env in zip(x.groups, self.envs):
-                env.step_into(view.actions[t], view.obs[t + 1], view.rewards[t], view.dones[t])
-                view.starts[t + 1].copy_(view.dones[t])
+                env.step_into(view.actions_at[t], view.obs_at[t + 1], view.rewards_at[t], view.dones_at[t])
+                view.starts_at[t + 1].copy_(view.dones_at[t])
         bootstrap_value(x, self.steps)
 
 
