@@ -22,7 +22,7 @@ from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
-from reference_trainer.config import PHASES
+from reference_trainer.config import EVERY_PHASE
 from rlperf.summary import OTHER
 from decisions.intervals import fewest_repeats
 from decisions.rundata import summarize_points
@@ -205,7 +205,7 @@ class Sweep:
         points = points.iloc[points["point_key"].map(lambda key: order.get(key, len(order))).argsort(kind="stable")]
         table_data = summarize_points(points, store.samples(run_id), self.options.threshold, self.options.alpha)
         axes = list(suite.axis_names)
-        shown_phases = [phase for phase in (*PHASES, OTHER) if f"share.{phase}" in table_data
+        shown_phases = [phase for phase in (*EVERY_PHASE, OTHER) if f"share.{phase}" in table_data
                         and (table_data[f"share.{phase}"] >= MIN_SHOWN_SHARE).any()]
         # two tables, each of a width a CI log's 160 columns hold: one table of every column cut its headers to
         # "num_e…" and "detec…" and wrapped each row over three lines

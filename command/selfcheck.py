@@ -15,7 +15,7 @@ from profilers import command_check
 from profilers.command_check import ATTACHED_PHASES
 from profilers.interference import InterferenceMonitor
 from reference_trainer import attribution
-from reference_trainer.config import MAX_INJECT_DELAY_MS, TrainConfig
+from reference_trainer.config import GRAPH_SCOPES, MAX_INJECT_DELAY_MS, TrainConfig
 from rlperf.arguments import number_in
 
 
@@ -26,11 +26,23 @@ def at_least_4_epochs(text: str) -> int:
     return int(text)
 
 
+def step_scope_only(text: str) -> str:
+    if text not in GRAPH_SCOPES:
+        raise argparse.ArgumentTypeError(f"unknown scope {text!r} (allowed: step)")
+    if text != "step":
+        raise argparse.ArgumentTypeError(f"{text} makes a whole rollout or update one call, with no phase inside it "
+                                         f"to delay or attribute (allowed: step)")
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-ms", type=number_in(0, MAX_INJECT_DELAY_MS, low_included=False), default=40.0,
                         help="delay injected per epoch (default 40)")
     parser.add_argument("--epochs", type=at_least_4_epochs, default=12, help="epochs per run (default 12)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--graph-scope", type=step_scope_only, default="step",
+                        help="the trainer's graph_scope: step only, as a whole call has no phases inside to check "
+                             "(default step)")
     parser.add_argument("--phases", type=phase_list, default=None,
                         help="with a command: the phases to delay, comma-separated (default: those attach finds, "
                              f"{','.join(ATTACHED_PHASES)}; with --no-attach, every phase the command's own run shows)")

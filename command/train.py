@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from reference_trainer.config import PHASES, TrainConfig
+from reference_trainer.config import TrainConfig
 from reference_trainer.flags import add_train_flags, config_from_args
 from reference_trainer.progress import run_with_progress
 from rlperf.errors import MachineFault, output_file, written_whole
@@ -73,8 +73,7 @@ def print_summary(summary: dict) -> None:
     table.add_column("phase")
     table.add_column("seconds", justify="right")
     table.add_column("% of time", justify="right")
-    for name in PHASES:
-        seconds = summary["phases"][name]
+    for name, seconds in summary["phases"].items():
         table.add_row(name, f"{seconds:.3f}", f"{100 * seconds / steady:.1f}")
     coverage = summary["phase_coverage"]
     table.add_row("[dim]attributed[/dim]", f"{sum(summary['phases'].values()):.3f}",

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from rlperf.store import Store, open_results, point_label
-from reference_trainer.config import PHASES
+from reference_trainer.config import EVERY_PHASE
 from rlperf.summary import OTHER
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from decisions.verdicts import detectable_alone
@@ -106,7 +106,7 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "h2d_bytes_per_step": h2d,
             "h2d_mb_per_s": h2d * median / 1e6,
             **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
-               for phase in (*PHASES, OTHER)},
+               for phase in (*EVERY_PHASE, OTHER)},
         })
     return pd.DataFrame(rows)
 
@@ -125,7 +125,7 @@ def phase_us_per_step(run: RunData) -> pd.DataFrame:
                                    for row in samples.itertuples()])
         rows[point_label(point_key)] = per_repeat.median()
     table = pd.DataFrame(rows).T
-    ordered = [phase for phase in PHASES if phase in table.columns]
+    ordered = [phase for phase in EVERY_PHASE if phase in table.columns]
     return table[ordered + [c for c in table.columns if c not in ordered]]
 
 

@@ -7,6 +7,7 @@ CPU traces too (docs/profiling.md#trace-summary).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import traceback
@@ -15,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from profilers import trace_events
-from reference_trainer.config import PHASES, from_dict
+from reference_trainer.config import GRAPH_PHASES, PHASES, from_dict
+from rlperf.summary import OTHER
 
 TOP_N = 10
 # Host API calls that put work on the device; a CUDA graph replay counts once, like any launch.
@@ -68,11 +70,40 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
 
 
 def _range_totals(trace: dict, category: str) -> dict[str, float]:
+    """Each phase's range time: every step-by-step phase, and a whole call's phase where the trace has one."""
     totals = dict.fromkeys(PHASES, 0.0)
     for event in trace_events.complete_events(trace, category):
-        if event["name"] in totals:
-            totals[event["name"]] += event["dur"]
+        if event["name"] in totals or event["name"] in GRAPH_PHASES:
+            totals[event["name"]] = totals.get(event["name"], 0.0) + event["dur"]
     return totals
+
+
+def _kernels_by_phase(trace: dict) -> dict[str, dict]:
+    """Each phase's launches, and the kernels and kernel time they issued. A kernel carries the correlation id of
+    the host call that launched it, and a CUDA graph's kernels all carry their graph launch's, so each is charged to
+    the phase whose host range holds that call: inside a whole graph (rollout_graph, update_graph) no finer. What
+    no phase holds is `other`."""
+    names = (*PHASES, *GRAPH_PHASES)
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"])
+                    for e in trace_events.complete_events(trace, trace_events.HOST_RANGE_CATEGORY) if e["name"] in names)
+    starts = [start for start, _, _ in ranges]
+
+    def phase_at(ts: float) -> str:
+        index = bisect.bisect_right(starts, ts) - 1
+        return ranges[index][2] if index >= 0 and ts <= ranges[index][1] else OTHER
+
+    by_phase: dict[str, dict] = defaultdict(lambda: {"launches": 0, "kernels": 0, "kernel_us": 0.0})
+    phase_of_call = {}
+    for call in trace_events.complete_events(trace, HOST_API_CATEGORIES):
+        phase = phase_at(call["ts"])
+        phase_of_call[call.get("args", {}).get("correlation")] = phase
+        if call["name"] in LAUNCH_CALLS:
+            by_phase[phase]["launches"] += 1
+    for kernel in trace_events.complete_events(trace, "kernel"):
+        entry = by_phase[phase_of_call.get(kernel.get("args", {}).get("correlation"), OTHER)]
+        entry["kernels"] += 1
+        entry["kernel_us"] += kernel["dur"]
+    return {phase: by_phase[phase] for phase in (*names, OTHER) if phase in by_phase}
 
 
 def _count(trace: dict, categories: tuple[str, ...], names: frozenset[str] | None = None) -> int:
@@ -132,6 +163,7 @@ def _gpu_event_counts(trace: dict, epochs: int, env_steps: int) -> dict:
     return {
         "launches_per_env_step": _count(trace, HOST_API_CATEGORIES, LAUNCH_CALLS) / env_steps,
         "kernels_per_env_step": _count(trace, ("kernel",)) / env_steps,
+        "kernels_by_phase": _kernels_by_phase(trace),
         "host_syncs_per_epoch": _count(trace, HOST_API_CATEGORIES, SYNC_CALLS) / epochs,
         "sync_calls": dict(Counter(
             e["name"] for e in trace_events.complete_events(trace, HOST_API_CATEGORIES) if e["name"] in SYNC_CALLS

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlperf.errors import ConfigError
-from rlperf.summary import PHASES
+from rlperf.summary import GRAPH_PHASES, PHASES
 
 BUILTIN_ENVS = ("memory", "cartpole", "catch", "synthetic", "synthetic-device")
 SYNTHETIC_ENVS = ("synthetic", "synthetic-device")
@@ -22,6 +22,11 @@ DTYPES = ("fp32", "bf16", "fp16")
 VECTORIZATIONS = ("auto", "native", "sync", "async")
 ENCODERS = ("mlp", "cnn")
 OBS_DTYPES = ("float32", "uint8")
+GRAPH_SCOPES = ("step", "rollout", "update", "both")
+ROLLOUT_PHASES, UPDATE_PHASES, LOG_PHASE = PHASES[:4], PHASES[4:7], PHASES[7]
+ROLLOUT_GRAPH, UPDATE_GRAPH = GRAPH_PHASES
+# every phase a run of any graph_scope reports, in the order of an epoch
+EVERY_PHASE = (*ROLLOUT_PHASES, ROLLOUT_GRAPH, *UPDATE_PHASES, UPDATE_GRAPH, LOG_PHASE)
 # (kernel, stride) of the CNN encoder's convolutions: the usual Atari encoder
 CNN_LAYERS = ((8, 4), (4, 2), (3, 1))
 # A delay is a sleep once an epoch that a phase must absorb; a minute of it is already no measurement.
@@ -155,6 +160,14 @@ class TrainConfig:
     non_blocking: bool = knob(False, "asynchronous host<->device copies; needs --pinned (CUDA only)", GPU)
     cuda_graphs: bool = knob(False, "capture and replay the rollout step and the update as CUDA graphs (CUDA only)",
                              GPU)
+    graph_scope: str = knob("step", "what one call into the device covers, each call one CUDA graph under "
+                                    "--cuda-graphs: step (a policy step per env group, a forward+loss and a "
+                                    "backward+optimizer step per minibatch), rollout (every step of the rollout; "
+                                    "env=synthetic-device only), update (advantages and every minibatch of every "
+                                    "update epoch, the learning rate annealed on the device) or both; the phases "
+                                    "inside a whole call become one, rollout_graph or update_graph. Without "
+                                    "--cuda-graphs the whole calls run uncaptured, computing what step does",
+                            choices=GRAPH_SCOPES, noun="scope")
     copy_stream: bool = knob(False, "issue host->device copies on a second stream; needs --pinned --non-blocking "
                                     "(CUDA only)", GPU)
     env_groups: int = knob(1, "step the envs in this many groups, each group's env step running beside the next "
@@ -191,6 +204,21 @@ class TrainConfig:
     @property
     def minibatch_sequences_per_rank(self) -> int:
         return self.minibatch_size // self.horizon // self.world_size
+
+    @property
+    def whole_rollout(self) -> bool:
+        return self.graph_scope in ("rollout", "both")
+
+    @property
+    def whole_update(self) -> bool:
+        return self.graph_scope in ("update", "both")
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The phases a run's epochs are cut into: a whole call is one phase, its parts no longer timed apart."""
+        rollout = (ROLLOUT_GRAPH,) if self.whole_rollout else ROLLOUT_PHASES
+        update = (UPDATE_GRAPH,) if self.whole_update else UPDATE_PHASES
+        return (*rollout, *update, LOG_PHASE)
 
     @property
     def is_cuda(self) -> bool:
@@ -328,7 +356,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         refusal = f.metadata["allowed"].refusal(getattr(cfg, f.name))
         if refusal:
             raise ConfigError(f.name, refusal)
-    for rules in (batch_rules, env_rules, synthetic_env_rules, device_rules, epoch_rules):
+    for rules in (batch_rules, env_rules, synthetic_env_rules, device_rules, scope_rules, epoch_rules):
         rules(cfg)
     return cfg
 
@@ -414,6 +442,20 @@ def device_rules(cfg: TrainConfig) -> None:
                                            f"epochs (got {cfg.warmup_epochs})")
     if cfg.cuda_graphs and cfg.inject_delay:
         raise ConfigError("inject_delay", "cannot be used with cuda_graphs (a host sleep is not captured)")
+
+
+def scope_rules(cfg: TrainConfig) -> None:
+    if cfg.graph_scope == "step":
+        return
+    if cfg.whole_rollout and cfg.env != "synthetic-device":
+        raise ConfigError("graph_scope", f"{cfg.graph_scope} steps the env inside one call, and only "
+                                         f"synthetic-device steps on the device (env is {cfg.env}; allowed with it: "
+                                         f"step, update)")
+    if cfg.world_size > 1:
+        raise ConfigError("graph_scope", f"{cfg.graph_scope} is not supported with world_size > 1 (allowed: step)")
+    if cfg.inject_delay:
+        raise ConfigError("inject_delay", f"cannot be used with graph_scope={cfg.graph_scope}: a whole call has no "
+                                          f"phases inside to delay (allowed with it: none)")
 
 
 def epoch_rules(cfg: TrainConfig) -> None:

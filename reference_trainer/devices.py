@@ -103,20 +103,31 @@ class Autocast:
 
 
 class DeviceCalls:
-    """The three kinds of call the loop makes into the device, each reading and writing only fixed
-    buffers: each group's policy step (`steps`), the update's forward and loss (`forward`), and its backward
-    and optimizer step (`learn`). Eager, or compiled by torch.compile (`compile=True`), until `capture()`
-    replaces them with CUDA graphs."""
+    """The calls the loop makes into the device, each reading and writing only fixed buffers: each group's
+    policy step (`steps`), the update's forward and loss (`forward`), and its backward and optimizer step
+    (`learn`), or a whole rollout (`rollout`) made of the steps and a whole update (`update`) made of the two
+    halves. Eager, or compiled by torch.compile
+    (`compile=True`; a whole call's parts are), until `capture()` replaces them with CUDA graphs."""
 
     def __init__(self, steps: list[Callable[[], None]], forward: Callable[[], None], learn: Callable[[], None],
                  compile: bool):
         self.steps, self.forward, self.learn = steps, forward, learn
+        self.rollout: Callable[[], None] | None = None
+        self.update: Callable[[], None] | None = None
         self.first_calls: list[FirstCallTimed] = []
         self.capture_seconds = 0.0
         if compile:
             self.steps = [self.first_call_timed(torch.compile(fn)) for fn in self.steps]
             self.forward = self.first_call_timed(torch.compile(self.forward))
             self.learn = self.first_call_timed(self.learn)  # the compiled backward is built on its first use
+
+    def cover_rollout(self, whole_rollout: Callable[[list[Callable[[], None]]], Callable[[], None]]) -> None:
+        """Makes the rollout one call, `whole_rollout` of the (compiled) steps: captured whole, not step by step."""
+        self.rollout = whole_rollout(self.steps)
+
+    def cover_update(self, whole_update: Callable[[Callable[[], None], Callable[[], None]], Callable[[], None]]) -> None:
+        """Makes the update one call, `whole_update` of the (compiled) forward and learn halves."""
+        self.update = whole_update(self.forward, self.learn)
 
     def first_call_timed(self, fn: Callable[[], None]) -> FirstCallTimed:
         timed = FirstCallTimed(fn)
@@ -128,26 +139,33 @@ class DeviceCalls:
         return self.capture_seconds + sum(call.seconds for call in self.first_calls)
 
     def capture(self, stream: torch.cuda.Stream) -> None:
-        """Replaces the eager steps and update with CUDA graphs captured on `stream`, the one the eager calls
-        ran on. Capture records kernels without running them, so no state advances here. The update is two
-        graphs (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a
-        memory pool because the backward graph reads what the forward graph saved."""
+        """Replaces the eager calls with CUDA graphs captured on `stream`, the one the eager calls ran on. Capture
+        records kernels without running them, so no state advances here. A step-by-step update is two graphs
+        (forward+loss, then backward+optimizer) so their phases stay separately timed; they share a memory pool
+        because the backward graph reads what the forward graph saved."""
         capture_start = time.perf_counter()
-        step_graphs = [torch.cuda.CUDAGraph() for _ in self.steps]
-        for graph, step in zip(step_graphs, self.steps):
-            with torch.cuda.graph(graph, stream=stream):
-                step()
-        forward_graph, learn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(forward_graph, stream=stream):
-            self.forward()
-        with torch.cuda.graph(learn_graph, pool=forward_graph.pool(), stream=stream):
-            self.learn()
         # A graph keeps addresses, not tensors: what the replaced calls read and write stays referenced here
         # for as long as the graphs can be replayed, whoever else holds it.
-        self.captured_calls = (self.steps, self.forward, self.learn)
-        self.steps = [graph.replay for graph in step_graphs]
-        self.forward, self.learn = forward_graph.replay, learn_graph.replay
+        self.captured_calls = (self.steps, self.forward, self.learn, self.rollout, self.update)
+        if self.rollout is not None:
+            self.rollout = captured(self.rollout, stream).replay
+        else:
+            self.steps = [captured(step, stream).replay for step in self.steps]
+        if self.update is not None:
+            self.update = captured(self.update, stream).replay
+        else:
+            forward_graph = captured(self.forward, stream)
+            self.learn = captured(self.learn, stream, pool=forward_graph.pool()).replay
+            self.forward = forward_graph.replay
         self.capture_seconds += time.perf_counter() - capture_start
+
+
+def captured(call: Callable[[], None], stream: torch.cuda.Stream, pool: Any = None) -> torch.cuda.CUDAGraph:
+    """`call` captured as a CUDA graph on `stream`, in memory of its own or of `pool`'s."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        call()
+    return graph
 
 
 class FirstCallTimed:

@@ -243,7 +243,7 @@ class DeviceSyntheticEnv:
     next_step_reset = False
 
     def __init__(self, num_envs: int, seed: int, obs_shape: tuple[int, ...], num_actions: int, env_offset: int,
-                 obs_dtype: np.dtype, device: torch.device):
+                 obs_dtype: np.dtype, device: torch.device, capturable: bool = False):
         rings = SyntheticEnv(num_envs, seed, obs_shape, num_actions, 0.0, env_offset, obs_dtype)
         self.num_envs, self.obs_shape, self.obs_dtype = num_envs, rings.obs_shape, rings.obs_dtype
         self.num_actions, self.bank_size = num_actions, rings.bank_size
@@ -254,6 +254,12 @@ class DeviceSyntheticEnv:
         # entry j of this ring says whether j + 1 is, and step k's envs read it from (env_offset + k) mod length
         self._done_ring = ((torch.arange(length + num_envs - 1, device=device) + 1) % length == 0).float()
         self._start, self._done_start = rings._start, env_offset % length
+        # A captured step would replay the ring positions it was captured at, so a capturable env keeps them on the
+        # device, [obs and labels, dones], and indexes its rings with them.
+        self._positions = torch.tensor([self._start, self._done_start], device=device) if capturable else None
+        self._periods = torch.tensor([self.bank_size, length], device=device)
+        self._env_index = torch.arange(num_envs, device=device)
+        self._rows = torch.empty(2, num_envs, dtype=torch.long, device=device)
         self._running = torch.zeros(num_envs, device=device)
         self._finished_return = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self._finished_count = torch.zeros(num_envs, dtype=torch.float64, device=device)
@@ -263,6 +269,9 @@ class DeviceSyntheticEnv:
 
     def step_into(self, actions: torch.Tensor, obs: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """One step on `actions`, written into `obs`, `rewards` and `dones` (device tensors of the trainer's)."""
+        if self._positions is not None:
+            self._step_at_device_positions(actions, obs, rewards, dones)
+            return
         n = self.num_envs
         rewards.copy_(actions == self._label_ring[self._start:self._start + n])
         dones.copy_(self._done_ring[self._done_start:self._done_start + n])
@@ -273,6 +282,20 @@ class DeviceSyntheticEnv:
         self._start = (self._start + 1) % self.bank_size
         self._done_start = (self._done_start + 1) % SyntheticEnv.episode_length
         obs.copy_(self._ring[self._start:self._start + n])
+
+    def _step_at_device_positions(self, actions: torch.Tensor, obs: torch.Tensor, rewards: torch.Tensor,
+                                  dones: torch.Tensor) -> None:
+        """step_into's arithmetic, the rows of its rings read at the positions held on the device."""
+        rows = torch.add(self._positions.unsqueeze(1), self._env_index, out=self._rows)
+        rewards.copy_(actions == self._label_ring.index_select(0, rows[0]))
+        dones.copy_(self._done_ring.index_select(0, rows[1]))
+        self._running.add_(rewards)
+        self._finished_return.addcmul_(self._running, dones)
+        self._finished_count.add_(dones)
+        self._running.addcmul_(self._running, dones, value=-1.0)
+        self._positions.add_(1).remainder_(self._periods)
+        torch.add(self._positions[0], self._env_index, out=rows[0])
+        torch.index_select(self._ring, 0, rows[0], out=obs)
 
     def episode_totals(self, device: torch.device) -> torch.Tensor:
         totals = torch.stack([self._finished_return.sum(), self._finished_count.sum()])
@@ -511,7 +534,7 @@ def make_env(cfg: TrainConfig, num_envs: int, env_offset: int = 0,
             raise ConfigError("env", "synthetic-device is stepped by the trainer on its device and has no host "
                                      "rate of its own (allowed here: the host envs, e.g. synthetic)")
         return DeviceSyntheticEnv(num_envs, cfg.seed, synthetic_obs_shape(cfg), cfg.num_actions, env_offset,
-                                  np.dtype(cfg.obs_dtype), device)
+                                  np.dtype(cfg.obs_dtype), device, capturable=cfg.whole_rollout)
     if cfg.env == "memory":
         return MemoryEnv(num_envs, seed)
     if cfg.env == "cartpole":

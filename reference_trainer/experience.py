@@ -64,6 +64,10 @@ class Experience:
             view.host_actions_array = view.host_actions.numpy()
             view.host_obs_array = view.host_obs.numpy()
             view.host_arrivals_array = view.host_arrivals.numpy()
+            for name in by_step:  # each step's slot: `obs_at[t]` is `obs[t]`, made once
+                setattr(view, f"{name}_at", getattr(view, name).unbind(0))
+            view.step_action_column = view.step_action.unsqueeze(-1)
+            view.step_logprob_column = view.step_logprob.unsqueeze(-1)
             self.groups.append(view)
 
         self.batch = {"obs": torch.zeros(T, S, *obs_shape, dtype=obs_dtype, device=device),

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from reference_trainer.config import CNN_LAYERS, cnn_feature_map, cnn_refusal, image_layout
-from reference_trainer.lstm_sequence import Workspaces, lstm_sequence, lstm_step
+from reference_trainer.lstm_sequence import Workspaces, gate_scale, gate_weights, lstm_sequence, lstm_step
 from rlperf.torch_api import torch_has
 
 # nn.LSTMCell's weights, in the order nn.LSTM keeps them (its names add the layer, `_l0`)
@@ -82,6 +82,7 @@ class Policy(nn.Module):
         self.actor = nn.Linear(hidden_size, num_actions)
         self.critic = nn.Linear(hidden_size, 1)
         self._init_weights()
+        self._step_weights: StepWeights | None = None
 
     def _init_weights(self) -> None:
         for module in self.modules():
@@ -128,19 +129,52 @@ class Policy(nn.Module):
         requested = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else torch.float32
         return next((dtype for dtype in (step, sequence) if dtype != requested), requested)
 
-    def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor):
-        """One rollout step. `start` is 1.0 where `obs` begins a new episode (the state is zeroed there)."""
-        x = self.encode(obs)
+    def step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, start: torch.Tensor,
+             state_out: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """One rollout step. `start` is 1.0 where `obs` begins a new episode (the state is zeroed there). The
+        written-out LSTM step writes the new state into `state_out` (which may be `h` and `c`) when given.
+
+        Eager and without a gradient, the step reads its weights as StepWeights lays them out: fewer operators,
+        the same arithmetic. A captured or compiled step reads the modules' own weights, as a replay or a
+        compiled program cannot see the layouts remade after an update."""
+        weights = self.current_step_weights(obs.is_cuda)
+        if weights is not None and self.mlp_encoder:
+            flat = obs.flatten(1) if self.obs_dims > 1 else obs
+            x = torch.addmm(self.encoder[0].bias, flat.float() * (1.0 / 255.0) if self.pixels else flat,
+                            weights.encoder_t).relu_()
+        else:
+            x = self.encode(obs)
         if not self.use_lstm:
             x = self.core(x)
         else:
-            if self.written_out_lstm(x, h, c) and not torch.is_grad_enabled():  # it has no backward of its own
-                h, c = lstm_step(x, h, c, start, self.cell, self.sequence_workspaces)
+            if self.written_out_lstm(x, h, c) and weights is not None:  # it has no backward of its own
+                h, c = lstm_step(x, h, c, start, weights.gates, self.sequence_workspaces, *(state_out or ()))
             else:
                 keep = (1.0 - start).unsqueeze(-1)
                 h, c = self.recur(x, h * keep, c * keep)
             x = h
-        return self.actor(x), self.critic(x).squeeze(-1), h, c
+        if weights is None:
+            return self.actor(x), self.critic(x).squeeze(-1), h, c
+        return (torch.addmm(self.actor.bias, x, weights.actor_t),
+                torch.addmm(self.critic.bias, x, weights.critic_t).squeeze(-1), h, c)
+
+    @property
+    def mlp_encoder(self) -> bool:
+        return not self.conv
+
+    def current_step_weights(self, on_cuda: bool) -> StepWeights | None:
+        """The eager rollout step's weights, remade when an update has stepped (`forget_step_weights`) or a weight
+        changed in place since; None where the step must read the modules' own (a gradient, capture, compile)."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or (
+                on_cuda and torch.cuda.is_current_stream_capturing()):
+            return None
+        if self._step_weights is None or not self._step_weights.current():
+            self._step_weights = StepWeights(self)
+        return self._step_weights
+
+    def forget_step_weights(self) -> None:
+        """Called after an optimizer step: a fused step moves no tensor's version counter."""
+        self._step_weights = None
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, starts: torch.Tensor):
         """Whole sequences `[T, B, ...]` from their initial states; returns logits `[T, B, A]`, values `[T, B]`."""
@@ -220,6 +254,27 @@ class Policy(nn.Module):
             out, _ = self.lstm(packed, (h[None], c[None]))
         self.fp32_rnn_backward_owed |= out.data.requires_grad
         return out.data
+
+
+class StepWeights:
+    """The rollout step's weights laid out once an update for its eager operators: the linear layers' transposed
+    (three view operators each a call otherwise), the cell's as the written-out step reads them (a dozen
+    operators). Made from the weights' values at construction; `current()` says whether they still hold."""
+
+    def __init__(self, policy: Policy):
+        with torch.no_grad():
+            self.sources = [p for p in policy.parameters()]
+            self.versions = [p._version for p in self.sources]
+            if policy.mlp_encoder:
+                self.encoder_t = policy.encoder[0].weight.t()
+            self.actor_t, self.critic_t = policy.actor.weight.t(), policy.critic.weight.t()
+            if policy.use_lstm:
+                cell = policy.cell
+                self.gates = gate_weights(gate_scale(cell.hidden_size, cell.weight_hh), cell.weight_ih,
+                                          cell.weight_hh, cell.bias_ih, cell.bias_hh)
+
+    def current(self) -> bool:
+        return all(p._version == version for p, version in zip(self.sources, self.versions))
 
 
 @contextlib.contextmanager

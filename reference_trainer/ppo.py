@@ -39,20 +39,21 @@ class PolicyStep:
                 n, num_actions = self.noise.shape
                 self.noise.copy_(torch.rand(self.world_size, n, num_actions, device=self.noise.device)[self.rank])
             with self.autocast():
-                logits, value, h_new, c_new = self.policy.step(v.step_obs, v.h, v.c, v.step_start)
+                logits, value, h_new, c_new = self.policy.step(v.step_obs, v.h, v.c, v.step_start, (v.h, v.c))
             logits = logits if logits.dtype == torch.float32 else logits.float()
-            action = sample_actions(logits, v.step_noise)
-            v.step_action.copy_(action)
-            torch.gather(F.log_softmax(logits, -1), -1, action.unsqueeze(-1), out=v.step_logprob.unsqueeze(-1))
+            sample_actions(logits, v.step_noise, out=v.step_action)
+            torch.gather(F.log_softmax(logits, -1), -1, v.step_action_column, out=v.step_logprob_column)
             v.step_value.copy_(value)
-            if self.lstm:
+            if self.lstm and h_new is not v.h:  # the written-out step wrote them in place
                 v.h.copy_(h_new)
                 v.c.copy_(c_new)
 
 
-def sample_actions(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max sampling from uniform noise drawn by the caller (graph-safe, no host sync)."""
-    return (logits - torch.log(-torch.log(noise.clamp_(min=1e-20)))).argmax(dim=-1)
+def sample_actions(logits: torch.Tensor, noise: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gumbel-max sampling, argmax(logits - log(-log u)), from uniform noise the caller drew (graph-safe, no host
+    sync); the noise is used up in place."""
+    gumbel = noise.clamp_(min=1e-20).log_().neg_().log_()
+    return torch.argmax(torch.sub(logits, gumbel, out=gumbel), dim=-1, out=out)
 
 
 def gae(rewards, values, dones, next_value, gamma: float, lam: float) -> torch.Tensor:
@@ -118,6 +119,7 @@ class MinibatchUpdate:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=False)
+        self.policy.forget_step_weights()
 
 
 def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages, returns, old_values, valid=None):
@@ -135,13 +137,15 @@ def ppo_loss(cfg: TrainConfig, logits, values, actions, old_logprobs, advantages
     entropy = mean(-(logprobs_all.exp() * logprobs_all).sum(-1))
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
-    policy_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
+    gain = -advantages  # no gradient: one operator however often it is read
+    policy_loss = mean(torch.max(gain * ratio, gain * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)))
     values = values.float()
     clipped = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
     value_loss = 0.5 * mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2))
     loss = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
     with torch.no_grad():
-        approx_kl = mean((ratio - 1) - log_ratio)
-        clipfrac = mean(((ratio - 1).abs() > cfg.clip_coef).float())
+        ratio_change = ratio - 1
+        approx_kl = mean(ratio_change - log_ratio)
+        clipfrac = mean((ratio_change.abs() > cfg.clip_coef).float())
         stats = torch.stack([policy_loss, value_loss, entropy, approx_kl, clipfrac]).detach()
     return loss, stats

@@ -43,8 +43,9 @@ class SetupClock:
 
 
 class PhaseTimer:
-    def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float]):
-        self.enabled = enabled
+    def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float],
+                 phases: tuple[str, ...] = PHASES):
+        self.enabled, self.phases = enabled, phases
         self.cuda = device.type == "cuda"
         self.delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
         self.delayed_this_epoch: set[str] = set()
@@ -99,7 +100,7 @@ class PhaseTimer:
         if self.range is not None:
             self.range.__exit__(None, None, None)
             self.range = None
-        phases = dict.fromkeys(PHASES, 0.0)
+        phases = dict.fromkeys(self.phases, 0.0)
         if not self.enabled:
             return seconds, phases
         end_ns = time.time_ns()

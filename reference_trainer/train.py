@@ -25,9 +25,10 @@ import torch
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env_groups
+from reference_trainer.epoch_calls import LearningRateSchedule, WholeRollout, WholeUpdate, bootstrap_value, update_pass
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
-from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep, gae, normalized
+from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep
 from reference_trainer.stepping import busy_seconds, env_stepper
 from reference_trainer.summary import summary_of_run
 from rlperf.summary import RunSummary
@@ -136,12 +137,20 @@ class Trainer:
                                          self.stats, self.experience.batch)
         self.calls = DeviceCalls([step.run for step in steps], self.minibatch.forward_loss,
                                  self.minibatch.backward_step, cfg.compile)
+        if cfg.whole_rollout:
+            experience, envs = self.experience, self.envs
+            self.calls.cover_rollout(lambda steps: WholeRollout(experience, steps, envs, cfg.horizon))
+        if cfg.whole_update:
+            schedule = LearningRateSchedule(cfg, self.lr) if cfg.anneal_lr else None
+            experience, stats = self.experience, self.stats
+            self.calls.cover_update(lambda forward, learn: WholeUpdate(cfg, experience, stats, forward, learn, device,
+                                                                       schedule))
 
         self.copy_stream = torch.cuda.Stream(device) if cfg.copy_stream else None
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         # recorded after each group's non_blocking copy of its actions: the env steps once it has passed
         self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.non_blocking else None
-        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay)
+        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")
@@ -176,9 +185,15 @@ class Trainer:
         self.timer.start_epoch()
 
     def rollout(self) -> None:
-        """`horizon` steps of every environment, then the value of the observation after them."""
+        """`horizon` steps of every environment, then the value of the observation after them: step by step, or
+        as one call (graph_scope rollout or both)."""
         with self.rollout_casts():
-            self.rollout_steps()
+            if self.calls.rollout is None:
+                self.rollout_steps()
+                return
+            self.rank.beat()
+            self.timer.enter("rollout_graph")
+            self.calls.rollout()
 
     def rollout_steps(self) -> None:
         T, x = self.cfg.horizon, self.experience
@@ -201,33 +216,20 @@ class Trainer:
                     self.launch_step(group, t + 1)
                     self.start_env_step(group, t + 1)
 
-        # The bootstrap value, the critic's on observation T, is what the groups' whole policy steps leave in
-        # step_value: those calls are the ones already compiled or captured, where a value-only forward would
-        # be one more program to compile and capture for one call an epoch. What else they do is undone or
-        # kept on purpose: the recurrent state is put back, since the next epoch's first step reads this
-        # observation again from the state before it; the noise they draw advances the random generator the
-        # update's minibatch order and the next epoch's actions come from, so leaving it out would change
-        # every later epoch.
         self.timer.enter("eval_forward")
-        x.step_obs.copy_(x.obs[T])
-        x.step_start.copy_(x.starts[T])
-        saved_h, saved_c = x.h.clone(), x.c.clone()
-        for step in self.calls.steps:
-            step()
-        x.h.copy_(saved_h)
-        x.c.copy_(saved_c)
+        bootstrap_value(x, self.calls.steps)
 
     def launch_step(self, group: int, t: int) -> None:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""
         v = self.experience.groups[group]
         self.timer.enter("eval_forward")
-        v.step_obs.copy_(v.obs[t])
-        v.step_start.copy_(v.starts[t])
+        v.step_obs.copy_(v.obs_at[t])
+        v.step_start.copy_(v.starts_at[t])
         self.calls.steps[group]()
         self.timer.enter("eval_misc")
-        v.actions[t].copy_(v.step_action)
-        v.logprobs[t].copy_(v.step_logprob)
-        v.values[t].copy_(v.step_value)
+        v.actions_at[t].copy_(v.step_action)
+        v.logprobs_at[t].copy_(v.step_logprob)
+        v.values_at[t].copy_(v.step_value)
         if self.env_on_device:
             return
         self.timer.enter("eval_copy")
@@ -253,8 +255,8 @@ class Trainer:
         v, masked = self.experience.groups[group], self.experience.masked
         if self.env_on_device:
             self.timer.enter("env")
-            self.envs[group].step_into(v.actions[t], v.obs[t + 1], v.rewards[t], v.dones[t])
-            v.starts[t + 1].copy_(v.dones[t])
+            self.envs[group].step_into(v.actions_at[t], v.obs_at[t + 1], v.rewards_at[t], v.dones_at[t])
+            v.starts_at[t + 1].copy_(v.dones_at[t])
             return
         self.timer.enter("env")
         next_obs, rewards, dones, valid = self.steppers[group].finish()
@@ -272,41 +274,30 @@ class Trainer:
             v.host_arrivals_array[:, 2] = valid
         with torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else contextlib.nullcontext():
             self.delay_copy()
-            v.obs[t + 1].copy_(v.host_obs, non_blocking=True)
-            v.arrivals[t].copy_(v.host_arrivals, non_blocking=True)
+            v.obs_at[t + 1].copy_(v.host_obs, non_blocking=True)
+            v.arrivals_at[t].copy_(v.host_arrivals, non_blocking=True)
         if self.copy_stream is not None:
             self.obs_ready.record(self.copy_stream)
             torch.cuda.current_stream().wait_event(self.obs_ready)
         if masked:  # the observation after a reset-only step is the new episode's first
-            torch.mul(v.valid[t], -1.0, out=v.starts[t + 1]).add_(1.0)
+            torch.mul(v.valid_at[t], -1.0, out=v.starts_at[t + 1]).add_(1.0)
         else:
-            v.starts[t + 1].copy_(v.dones[t])
+            v.starts_at[t + 1].copy_(v.dones_at[t])
 
     def delay_copy(self) -> None:
         if self.copy_delay_cycles:
             torch.cuda._sleep(self.copy_delay_cycles)  # the test hook of train()'s docstring
 
     def update(self) -> None:
-        """Advantages, then `update_epochs` passes of minibatches of whole sequences."""
-        cfg, x = self.cfg, self.experience
-        n, S = cfg.envs_per_rank, cfg.minibatch_sequences_per_rank
-        self.timer.enter("train_misc")
-        advantages = gae(x.rewards, x.values, x.dones, x.step_value, cfg.gamma, cfg.gae_lambda)
-        returns = advantages + x.values
-        advantages = normalized(advantages, x.valid if x.masked else None, self.rank.world_size,
-                                self.rank.all_reduce_sum)
-        sources = x.by_sequence(advantages, returns)
-        self.stats.zero_()
-        for _ in range(cfg.update_epochs):
-            order = torch.randperm(n, device=self.device)
-            for start in range(0, n, S):
-                self.rank.beat()
-                self.timer.enter("train_misc")
-                x.gather_minibatch(sources, order[start:start + S])
-                self.timer.enter("train_forward")
-                self.calls.forward()
-                self.timer.enter("learn")
-                self.calls.learn()
+        """Advantages, then `update_epochs` passes of minibatches of whole sequences: minibatch by minibatch, or
+        as one call (graph_scope update or both)."""
+        if self.calls.update is None:
+            update_pass(self.cfg, self.experience, self.stats, self.calls.forward, self.calls.learn, self.device,
+                        self.rank.world_size, self.rank.all_reduce_sum, self.rank.beat, self.timer.enter)
+            return
+        self.rank.beat()
+        self.timer.enter("update_graph")
+        self.calls.update()
 
     def end_epoch(self, epoch: int) -> dict:
         """The one read of device statistics this epoch; returns the epoch's record."""
@@ -318,7 +309,7 @@ class Trainer:
         updates = cfg.update_epochs * (cfg.envs_per_rank // cfg.minibatch_sequences_per_rank) * self.rank.world_size
         losses = {name: float(totals[i]) / updates for i, name in enumerate(STAT_NAMES)}
         episodes_done = int(totals[-1])
-        if cfg.anneal_lr:
+        if cfg.anneal_lr and not cfg.whole_update:  # a whole update anneals it on the device
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
         env_times = [stepper.take_times() for stepper in self.steppers]
@@ -385,14 +376,14 @@ def build_policy(cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int,
 
 def learner(cfg: TrainConfig, policy: Policy, lr: torch.Tensor, device: torch.device, rank: Rank) -> tuple:
     """What the minibatch update trains with: the model its forward runs (the policy, wrapped for
-    DistributedDataParallel with several ranks), the policy, Adam (fused and capturable on CUDA, reading its
-    learning rate from the tensor `lr`), and the loss scaler (on for fp16 only)."""
+    DistributedDataParallel with several ranks), the policy, Adam (fused, and capturable on CUDA, reading its
+    learning rate from the tensor `lr`), and the loss scaler (on for fp16 only). Fused on a CPU too: one operator
+    for every parameter, where torch's default loop dispatches about thirty a parameter."""
     model = policy
     if rank.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             policy, device_ids=[device.index] if cfg.is_cuda else None, gradient_as_bucket_view=True
         )
-    optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5, capturable=cfg.is_cuda,
-                                 fused=cfg.is_cuda or None)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=1e-5, capturable=cfg.is_cuda, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "fp16")
     return model, policy, optimizer, scaler

@@ -24,6 +24,7 @@ from profilers.sampler import CLOCK_EVENT_REASONS
 from rlperf.errors import BadInput
 from rlperf.machine import comparability_differences
 from rlperf.store import point_label
+from rlperf.summary import GRAPH_PHASES
 
 UTILIZATION_METRICS = ("gpu_util_percent", "sm_clock_mhz", "power_w", "mem_used_bytes", "cpu_util_percent")
 CLOCK_METRICS = ("sm_clock_mhz", "clock_event_reasons", "temperature_c")
@@ -212,6 +213,12 @@ def phase_section(run: RunData) -> Section | None:
         shown[phase] = [f"{us:.2f} µs ({share:.0%})" for us, share in zip(per_step[phase], shares[phase])]
     text = ["Microseconds per agent step spent in each phase over the steady epochs (median of repeats) and "
             "the phase's share of the step."]
+    if set(per_step.columns) & set(GRAPH_PHASES):
+        text.append("rollout_graph is a whole rollout as one call (graph_scope rollout or both: the env's steps, "
+                    "the policy's and the copies between them), update_graph a whole update (advantages, every "
+                    "minibatch's forward, loss, backward and optimizer step): inside one call the phases are not "
+                    "timed apart, and `rlperf profile` splits a traced epoch's kernels by the call that ran them "
+                    "(`kernels_by_phase`).")
     return Section("Phase breakdown", text, [shown], [figures.phase_breakdown(per_step)])
 
 

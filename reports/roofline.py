@@ -25,7 +25,7 @@ from decisions.rundata import RunData
 from rlperf import peaks as peak_rows
 from rlperf.peaks import Peaks
 from rlperf.store import point_label
-from rlperf.summary import RunSummary
+from rlperf.summary import GRAPH_PHASES, RunSummary
 
 MODEL_PHASES = ("eval_forward", "train_forward", "learn")
 # At this share of its ceiling or more a phase is near it; below it, most of its time is spent outside its
@@ -133,12 +133,15 @@ class PointRoofline:
 def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
     """Each measured point's figures, by point key, and notes on what could not be read (no counts, no peaks)."""
     known = Peaks(run.peaks)
-    result, without_work, without_peaks, commands = {}, [], set(), []
+    result, without_work, without_peaks, commands, whole_calls = {}, [], set(), [], []
     for point in run.points[run.points["status"] == "ok"].itertuples():
         samples = run.samples[run.samples["point_key"] == point.point_key]
         if samples.empty:
             continue
         summaries = [s for s in samples["summary"] if s.work]
+        if any(set(s.phases) & set(GRAPH_PHASES) for s in summaries):
+            whole_calls.append(point_label(point.point_key))
+            continue
         if not summaries:
             if samples["summary"].iloc[0].writer != "reference":
                 commands.append(point_label(point.point_key))
@@ -156,6 +159,10 @@ def analyze(run: RunData) -> tuple[dict[str, PointRoofline], list[str]]:
         notes.append(f"No roofline for {', '.join(commands)}: a command's trainer records no work counts (the "
                      "roofline needs the policy's shapes, which only the reference trainer's summary carries), so "
                      "its phases are shown without a ceiling.")
+    if whole_calls:
+        notes.append(f"No roofline for {', '.join(whole_calls)}: a whole rollout or update (graph_scope) is one "
+                     "call, whose time no timer splits between the model phases a ceiling is set for; the phase "
+                     "breakdown shows where each call's time goes.")
     if without_work:
         notes.append(f"No work counts for {', '.join(without_work)}: the trainer that ran them did not record "
                      "`work` in its summary.")

@@ -23,6 +23,8 @@ WRITERS = ("reference", "phases", "attach")
 # The reference trainer's phases, in the order of an epoch; an outside trainer uses these names where they mean
 # the same, so reports, "Which side waits" and the history read its runs unchanged.
 PHASES = ("env", "eval_copy", "eval_forward", "eval_misc", "train_misc", "train_forward", "learn", "log")
+# A whole rollout's or update's one call (the reference trainer's graph_scope): the phases inside it are not split.
+GRAPH_PHASES = ("rollout_graph", "update_graph")
 # What no phase claims: shown beside the named phases, never folded into them.
 OTHER = "other"
 # The keys an outside trainer must write (docs/results-format.md); every other field may be absent.

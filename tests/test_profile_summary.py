@@ -179,3 +179,48 @@ def test_when_htas_time_breakdown_fails_the_summary_says_why_in_a_line_and_keeps
     assert "read from the trace events" in why
     assert summary["top_kernels"] and summary["kernels_per_env_step"] > 0
     assert summary["phases_device_us"]["learn"] > 0 and summary["copies"]["HtoD"]["count"] > 0
+
+
+def test_kernels_are_charged_to_the_phase_whose_launch_issued_them():
+    summary = summarize_trace(H100_SMALL_RUN, {"config": H100_SMALL_RUN_CONFIG})
+    by_phase = summary["kernels_by_phase"]
+    assert sum(phase["kernels"] for phase in by_phase.values()) == 9510 and "other" not in by_phase
+    assert by_phase["learn"]["kernels"] > by_phase["train_forward"]["kernels"] > by_phase["eval_forward"]["kernels"] > 0
+    # eager: one launch a kernel
+    assert all(phase["launches"] == phase["kernels"] for phase in by_phase.values())
+
+
+def whole_graph_trace(path):
+    """An epoch of two whole graphs as Kineto writes it: one cudaGraphLaunch in each phase's range, and the
+    graph's kernels, each carrying its launch's correlation id, running after the host has left the range."""
+    events, t = [], 1000.0
+    for phase, correlation, kernels in (("rollout_graph", 11, 3), ("update_graph", 12, 2)):
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": phase, "pid": HOST, "tid": HOST, "ts": t, "dur": 20.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": HOST, "tid": HOST, "ts": t + 2,
+             "dur": 5.0, "args": {"correlation": correlation}},
+        ]
+        events += [{"ph": "X", "cat": "kernel", "name": f"kernel_{k}", "pid": DEVICE, "tid": STREAM,
+                    "ts": t + 30 + 10 * k, "dur": 4.0, "args": {"correlation": correlation, "device": 0,
+                                                                "stream": STREAM}} for k in range(kernels)]
+        t += 100
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": HOST, "tid": HOST, "ts": t,
+                "dur": 1.0, "args": {"correlation": 13}},
+               {"ph": "X", "cat": "kernel", "name": "outside", "pid": DEVICE, "tid": STREAM, "ts": t + 5, "dur": 1.0,
+                "args": {"correlation": 13, "device": 0, "stream": STREAM}},
+               {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": HOST, "tid": HOST, "ts": 999.0,
+                "dur": t - 990}]
+    with gzip.open(path, "wt") as f:
+        json.dump({"schemaVersion": 1, "traceEvents": events}, f)
+    return path
+
+
+def test_a_whole_graphs_kernels_are_charged_to_the_phase_that_launched_the_graph(tmp_path):
+    summary = summarize_trace(whole_graph_trace(tmp_path / "trace.json.gz"),
+                              {"config": {**RUN["config"], "trace_epochs": 1}})
+    assert summary["kernels_by_phase"] == {
+        "rollout_graph": {"launches": 1, "kernels": 3, "kernel_us": 12.0},
+        "update_graph": {"launches": 1, "kernels": 2, "kernel_us": 8.0},
+        "other": {"launches": 1, "kernels": 1, "kernel_us": 1.0},
+    }
+    assert summary["phases_host_us"]["rollout_graph"] == 20.0 and summary["phases_host_us"]["env"] == 0.0

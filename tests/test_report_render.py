@@ -410,3 +410,37 @@ def test_history_marks_the_run_that_regressed(summary, tmp_path):
     rows = [line for line in markdown.splitlines() if line.startswith("| 2")]
     changes = [line for line in markdown.splitlines() if re.match(r"\| [^|]+ \| SPS \| regressed \|", line)]
     assert len(changes) == len(SWEEP) and all(f"| {rows[8].split('|')[1].strip()} |" in row for row in changes)
+
+
+def as_whole_calls(summary: dict) -> dict:
+    """The summary as a run of graph_scope both reports it: each whole call's phases merged into one."""
+    from reference_trainer.config import LOG_PHASE, ROLLOUT_PHASES, UPDATE_PHASES
+
+    out = copy.deepcopy(summary)
+    out["config"] = {**summary["config"], "env": "synthetic-device", "graph_scope": "both"}
+
+    def merged(phases: dict) -> dict:
+        return {"rollout_graph": sum(phases[p] for p in ROLLOUT_PHASES),
+                "update_graph": sum(phases[p] for p in UPDATE_PHASES), LOG_PHASE: phases[LOG_PHASE]}
+
+    for epoch in out["epochs"]:
+        epoch["phases"] = merged(epoch["phases"])
+    out["phases"] = merged(out["phases"])
+    return out
+
+
+def test_a_whole_call_run_reports_where_each_graphs_time_goes_and_no_roofline(summary, tmp_path):
+    path = tmp_path / "results.sqlite"
+    whole = as_whole_calls(summary)
+    with Store.open(path) as db:
+        run_id = db.create_run("graphs", "h", fingerprint(), machine_key(fingerprint()), None)
+        db.record_point(run_id, PointRecord(json.dumps({"graph_scope": "both"}), whole["config"], "ok", utc_now(), 5.0,
+                                            samples=[(r, scaled(whole, 1 + 0.01 * r, whole["config"]))
+                                                     for r in range(3)]))
+        db.finish_run(run_id, "complete")
+    render(load(f"{path}::{run_id}"), str(tmp_path / "out"))
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    phases = markdown.split("## Phase breakdown")[1].split("\n## ")[0]
+    assert "| point | rollout_graph | update_graph | log |" in phases
+    assert "inside one call the phases are not timed apart" in phases
+    assert "No roofline for graph_scope=both: a whole rollout or update (graph_scope) is one call" in markdown

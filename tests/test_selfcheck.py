@@ -78,6 +78,8 @@ def test_a_short_share_beside_a_cpu_hog_says_contended_and_why(monkeypatch, caps
     (["--delay-ms", "nan"], "--delay-ms: must be a number above 0"),
     (["--delay-ms", "inf"], "--delay-ms: must be a number above 0"),
     (["--epochs", "many"], "--epochs: must be a whole number of 4 or more"),
+    (["--graph-scope", "both"], "--graph-scope: both makes a whole rollout or update one call, with no phase inside "
+                                "it to delay or attribute (allowed: step)"),
 ])
 def test_refusals_are_one_line_and_exit_2(args, needle, capsys):
     assert exit_code(["selfcheck", *args]) == 2

@@ -413,3 +413,68 @@ def test_the_device_synthetic_env_refuses_what_it_cannot_do(overrides, message):
 def test_the_device_synthetic_env_has_no_host_rate():
     with pytest.raises(ConfigError, match="env: synthetic-device is stepped by the trainer on its device"):
         make_env(validate(TrainConfig(env="synthetic-device")), 4)
+
+
+# Per-epoch losses (policy, value, entropy, approx_kl, clipfrac) of two small runs, as the trainer computed them
+# before its eager operators were cut (the rollout step's weights laid out once an update, the forget gate zeroing
+# the carried c, fused Adam on the CPU): the same arithmetic in fewer operators, so the same losses within float
+# tolerance.
+LOSSES_BEFORE = {
+    "memory": [[-0.0011205003, 0.044826038, 1.3862388, 5.0728675e-05, 0.0],
+               [0.00028809533, 0.048409186, 1.3859152, 2.2422289e-05, 0.0],
+               [-0.00015464053, 0.094062418, 1.3857033, 6.2284525e-06, 0.0],
+               [1.1462718e-05, 0.049950801, 1.3856452, 2.8400682e-06, 0.0],
+               [-0.00010574935, 0.032177374, 1.3855304, 9.3388371e-07, 0.0],
+               [-3.1966716e-05, 0.075771086, 1.3855802, 2.9895455e-07, 0.0]],
+    "synthetic": [[-0.004832604, 1.4611022, 1.385601, 0.0007000792, 0.0],
+                  [-0.0008093603, 1.6380889, 1.3797103, 0.00099303527, 0.0],
+                  [-0.00071680918, 1.4470057, 1.368291, 0.0006345404, 0.0],
+                  [0.0007402543, 1.1932898, 1.3580308, 0.00018503744, 0.0]],
+}
+RUNS_BEFORE = {
+    "memory": dict(env="memory", num_envs=16, horizon=8, minibatch_size=64, hidden_size=32, total_steps=16 * 8 * 6,
+                   threads=1),
+    "synthetic": dict(env="synthetic", num_envs=32, horizon=16, minibatch_size=128, hidden_size=32,
+                      total_steps=32 * 16 * 4, threads=1, env_groups=2),
+}
+
+
+@pytest.mark.parametrize("name", RUNS_BEFORE)
+def test_the_eager_path_trains_as_it_did_before_its_operators_were_cut(name):
+    summary = train(validate(TrainConfig(**RUNS_BEFORE[name])))
+    got = [[e["losses"][k] for k in ("policy", "value", "entropy", "approx_kl", "clipfrac")]
+           for e in summary["epochs"]]
+    for epoch, (losses, expected) in enumerate(zip(got, LOSSES_BEFORE[name], strict=True)):
+        assert losses == pytest.approx(expected, rel=1e-4, abs=1e-6), (name, epoch)
+
+
+def test_the_eager_steps_weights_follow_every_change_of_the_weights():
+    # The eager step reads its weights laid out once an update: a weight changed in place must show in the next
+    # step, and so must a fused optimizer's step, which moves no version counter and is announced instead.
+    torch.manual_seed(6)
+    policy = Policy(8, 3, 16, use_lstm=True, fused_cell=True)
+    obs, h, c, start = torch.randn(5, 8), torch.randn(5, 16), torch.randn(5, 16), torch.tensor([0., 1, 0, 0, 1])
+
+    def eager_and_plain():
+        with torch.no_grad():
+            eager = policy.step(obs, h, c, start)
+        plain = policy.step(obs, h, c, start)  # with a gradient: the modules' own weights
+        return eager, [t.detach() for t in plain]
+
+    def assert_same(pair):
+        for got, expected in zip(*pair):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+    assert_same(eager_and_plain())
+    with torch.no_grad():
+        for parameter in (policy.actor.weight, policy.cell.weight_hh, policy.encoder[0].bias):
+            parameter.add_(0.5)
+    assert_same(eager_and_plain())
+    optimizer = torch.optim.Adam(policy.parameters(), lr=0.5, fused=True)
+    policy.step(obs, h, c, start)[0].sum().backward()
+    before = eager_and_plain()[0][0]
+    optimizer.step()
+    policy.forget_step_weights()
+    after = eager_and_plain()
+    assert not torch.allclose(after[0][0], before)
+    assert_same(after)
