@@ -45,7 +45,7 @@ class Against:
         commit = resolve_commit(self.ref)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as working:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             ref_run, new_run, verdicts = self.measure_suite(commit, working, lock, store_path)
         return self.conclude(store_path, ref_run, new_run, verdicts)

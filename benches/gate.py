@@ -57,7 +57,7 @@ class Gate:
         commit = resolve_commit(self.baseline, "baseline")
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as working:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             plan = self.measure_night(commit, working, lock, store_path)
         return self.conclude(plan, store_path)

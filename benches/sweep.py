@@ -64,7 +64,7 @@ class Sweep:
             check_export_path(self.export)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as launcher:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as launcher:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             return self.measure_suite(launcher, lock, store_path)
 
