@@ -225,6 +225,7 @@ class Bisect:
         """Every input check, before anything is measured: each failure is one line, exit 2."""
         opts = self.options
         suite = suites.load(opts.suite)
+        suite.refuse_against("bisect, which compares commits")
         point = choose_point(suite, self.wanted_point)
         good = commit_info(resolve_commit(self.good_ref, "good"))
         bad = commit_info(resolve_commit(self.bad_ref, "bad"))

@@ -54,6 +54,7 @@ class Gate:
         if self.summary is not None:
             output_file(self.summary, "summary")
         suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        suite.refuse_against("the gate, which compares commits")
         commit = resolve_commit(self.baseline, "baseline")
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE

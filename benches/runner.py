@@ -192,17 +192,19 @@ class Launcher:
 
 class PointRunner:
     """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer), `launcher`
-    where and how (default: forked, in this process's directory)."""
+    where and how (default: forked, in this process's directory); `side`, the side of a pair it runs ("ref" runs
+    a point's [against] config where its suite has one)."""
 
     def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
                  command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command,
-                 launcher: Launcher | None = None):
+                 launcher: Launcher | None = None, side: str | None = None):
         self.run_dir = run_dir.absolute()  # the paths it hands the trainer must hold in another checkout too
         self.repeats = repeats
         self.timeout_s = timeout_s
         self.utilization = utilization
         self.command_for = command_for
         self.launcher = launcher or Launcher()
+        self.side = side
 
     def point_dir(self, index: int, point: Point) -> Path:
         slug = "".join(c if c.isalnum() or c in "._" else "-" for c in point.label.replace(" ", "_"))
@@ -210,7 +212,8 @@ class PointRunner:
 
     def run(self, index: int, point: Point, gpu_uuids: list[str]) -> PointRecord:
         started_at, t0 = utc_now(), time.monotonic()
-        record = PointRecord(point_key=point.key, config=point.config, status="ok", started_at=started_at, seconds=0.0)
+        record = PointRecord(point_key=point.key, config=point.config_for(self.side), status="ok",
+                             started_at=started_at, seconds=0.0)
         directory = self.point_dir(index, point)
         directory.mkdir(parents=True, exist_ok=True)
         for repeat in range(self.repeats):
@@ -228,7 +231,7 @@ class PointRunner:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
-        config = repeat_config(point.config, repeat)
+        config = repeat_config(point.config_for(self.side), repeat)
         command = self.command_for(config, summary_path)
         env = attached_environment_of(config, summary_path)
         if env is not None:

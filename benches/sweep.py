@@ -60,6 +60,7 @@ class Sweep:
     def run(self) -> int:
         opts = self.options
         suite = suites.load(opts.suite)  # a bad suite stops here, before the machine or the store is touched
+        suite.refuse_against("a sweep of one side")
         if self.export is not None:
             check_export_path(self.export)
         output_dir(opts.out_dir, "out")

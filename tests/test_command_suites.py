@@ -90,6 +90,10 @@ def test_a_command_suite_substitutes_its_axes_into_each_points_command(tmp_path)
     ('command = ["python"]\nprofile = true', "profile: a suite of commands has no traced run"),
     ('attach = false\n[axes]\nnum_envs = [1]', "attach: belongs to a suite of commands: set `command` too"),
     ('command = "python train.py"', "command: must be a trainer's command as a list of strings"),
+    ('command = ["python", "{s}"]\n[fixed]\ns = "a.py"\n[against]\nseed = 2', "against.seed: names no setting of "
+                                                                            "the suite (allowed: s)"),
+    ('command = ["python"]\n[fixed]\ndevice = "cpu"\n[against]\ndevice = "cuda"',
+     "against.device: both sides of a pair compute on one device"),
 ])
 def test_a_bad_command_suite_is_one_line_naming_its_key(tmp_path, text, line):
     path = tmp_path / "bad.toml"
@@ -155,6 +159,65 @@ def test_a_sweep_of_commands_is_stored_reported_and_keeps_its_failures_with_thei
     assert summary.writer == "phases" and summary.steady_steps == 5 * 4 * 8 and summary.config == {"n_envs": 8}
     report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
     assert "Phase breakdown" in report and "Which side waits" in report and "No roofline for " in report
+
+
+@pytest.fixture(scope="module")
+def rlperf_copy(tmp_path_factory) -> Path:
+    """tests/projectrepo.py's copy of rlperf, whose interference monitor counts every repeat as quiet: a shared test
+    machine is busy, and in these tests the speeds must decide."""
+    return project_repo(tmp_path_factory.mktemp("rlperf"))
+
+
+PAIRED = textwrap.dedent("""
+    command = ["{python}", "{script}", "--n-envs", "4"]
+    attach = false
+    repeats = 4
+    sample_hz = 0
+    timeout_s = 60
+    [fixed]
+    python = "%s"
+    [axes]
+    script = ["train_same.py", "train_slow.py"]
+    [against]               # every point against the user's train.py
+    script = "train.py"
+""") % sys.executable
+
+
+def test_two_commands_compare_in_pairs_and_only_the_slower_one_is_found_regressed(tmp_path, rlperf_copy):
+    repo = user_repo(tmp_path, PAIRED)
+    (repo / "train_same.py").write_text(TRAIN)
+    (repo / "train_slow.py").write_text(TRAIN.replace("LEARN_S = 0.040", "LEARN_S = 0.060"))
+    commit(repo, "Two variants of the loop")
+    # alpha 0.3: 4 pairs a point can claim a change (0.5^4 under 0.3 / 2 points / 2 sides)
+    done = run_rlperf(repo, "bench", "--suite", "suite.toml", "--out", "../out", "--alpha", "0.3", timeout=300,
+                      rlperf_copy=rlperf_copy)
+    assert done.returncode == 1, done.stdout + done.stderr  # a regression found
+    with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
+        runs = store.runs()
+        ref_run, new_run = runs["run_id"]
+        assert [f["against"]["side"] for f in runs["fingerprint"]] == ["ref", "suite"]
+        assert runs["fingerprint"].iloc[0]["against"]["settings"] == {"script": "train.py"}
+        # each side stored with the config it ran: the reference's is train.py for every point
+        ran = {run_id: {row.point_key: row.config["command"][1] for row in store.points(run_id).itertuples()}
+               for run_id in (ref_run, new_run)}
+        assert ran[ref_run] == {'{"script":"train_same.py"}': "train.py", '{"script":"train_slow.py"}': "train.py"}
+        assert ran[new_run] == {'{"script":"train_same.py"}': "train_same.py",
+                                '{"script":"train_slow.py"}': "train_slow.py"}
+    verdicts = {}  # the report's first table: the verdicts
+    for line in (tmp_path / "out" / new_run / "report" / "report.md").read_text().splitlines():
+        if line.startswith("| script="):
+            verdicts.setdefault(line.split("|")[1].strip(), line.split("|")[2].strip())
+    assert verdicts["script=train_slow.py"] == "regressed", verdicts
+    assert verdicts["script=train_same.py"] in ("unchanged", "inconclusive"), verdicts
+
+
+def test_a_suite_with_against_is_refused_by_the_gate_in_one_line(tmp_path):
+    repo = user_repo(tmp_path, PAIRED)
+    done = run_rlperf(repo, "gate", "--suite", "suite.toml", "--baseline", "HEAD", "--out", "../out", timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "rlperf gate: error: suite.toml: against: the suite measures each point in pairs against its [against] "
+        "settings, which `rlperf bench --suite suite.toml` does, not the gate, which compares commits (allowed: a "
+        "suite without [against])"], done.stderr
 
 
 @pytest.mark.timeout(400)
