@@ -40,7 +40,8 @@ TOP_LEVEL = {
     "timeout_s": f"seconds one repeat may take before it is killed (a number above 0 and at most {MAX_TIMEOUT_S:g})",
     "sample_hz": f"utilization samples per second while a point runs (a number from 0, which turns sampling off, "
                  f"to {MAX_SAMPLE_HZ:g})",
-    "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS",
+    "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS "
+               "(a command's: its first steady epoch, traced through rlperf.phases)",
     "fixed": "a table of trainer settings shared by every point",
     "axes": "a table of setting = [values] swept as a cartesian product",
     "sweep": "blocks of axes, each crossed with the top-level axes",
@@ -199,9 +200,6 @@ class SuiteReader:
         for key in COMMAND_KEYS:
             if key in self.document and self.command is None:
                 raise self.fail(key, "belongs to a suite of commands: set `command` too")
-        if self.command is not None and options["profile"]:
-            raise self.fail("profile", "a suite of commands has no traced run: `rlperf profile` traces the "
-                                       "reference trainer (allowed: false)")
 
         fixed = self.settings_table("fixed", self.document.get("fixed", {}))
         top_axes = self.axes_table("axes", self.document.get("axes", {}))

@@ -17,18 +17,25 @@ BOOTSTRAP = Path(__file__).resolve().parent / "attach_boot"
 SUMMARY_VARIABLE, DELAY_VARIABLE, WARMUP_VARIABLE = "RLPERF_SUMMARY", "RLPERF_INJECT_DELAY", "RLPERF_WARMUP_EPOCHS"
 OWNER_VARIABLE = "RLPERF_PHASES_OWNER"
 ROOT_VARIABLE = "RLPERF_ATTACH_ROOT"
+TRACE_VARIABLE, TRACE_EPOCHS_VARIABLE = "RLPERF_TRACE", "RLPERF_TRACE_EPOCHS"
 # what attached_environment sets, in the order a shell line shows them
-ATTACH_VARIABLES = (SUMMARY_VARIABLE, WARMUP_VARIABLE, DELAY_VARIABLE, ROOT_VARIABLE, "PYTHONPATH")
+ATTACH_VARIABLES = (SUMMARY_VARIABLE, WARMUP_VARIABLE, DELAY_VARIABLE, TRACE_VARIABLE, TRACE_EPOCHS_VARIABLE,
+                    ROOT_VARIABLE, "PYTHONPATH")
 
 
 def attached_environment(summary: Path, delays_ms: dict[str, float] | None = None, warmup_epochs: int = 1,
-                         base: dict[str, str] | None = None, attach: bool = True) -> dict[str, str]:
+                         base: dict[str, str] | None = None, attach: bool = True, trace: Path | None = None,
+                         trace_epochs: int = 1) -> dict[str, str]:
     """The command's environment: its summary's path, the delays and warm-up epochs, and (with `attach`) the
     bootstrap directory first on PYTHONPATH, so that `site` imports its sitecustomize in every Python process the
-    command starts. Without `attach`, a loop that calls rlperf.phases itself is timed by its own marks."""
+    command starts. Without `attach`, a loop that calls rlperf.phases itself is timed by its own marks. With
+    `trace`, its first `trace_epochs` steady epochs are traced there (`rlperf profile`)."""
     env = dict(os.environ if base is None else base)
-    env.pop(OWNER_VARIABLE, None)
-    env[SUMMARY_VARIABLE] = str(summary)
+    for name in (OWNER_VARIABLE, TRACE_VARIABLE, TRACE_EPOCHS_VARIABLE):
+        env.pop(name, None)
+    if trace is not None:
+        env.update({TRACE_VARIABLE: str(Path(trace).absolute()), TRACE_EPOCHS_VARIABLE: str(trace_epochs)})
+    env[SUMMARY_VARIABLE] = str(Path(summary).absolute())
     env[WARMUP_VARIABLE] = str(warmup_epochs)
     env[DELAY_VARIABLE] = ",".join(f"{phase}={ms:g}" for phase, ms in (delays_ms or {}).items())
     if attach:

@@ -5,11 +5,13 @@ line. Tiny settings; benches/attach_trainers.py measures the larger ones."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import pytest
 
@@ -106,6 +108,30 @@ def test_a_registry_trainers_ppo_is_attributed_and_its_delays_land_in_their_phas
     delayed, _ = attached(command, tmp_path, dict.fromkeys(ATTACHED, DELAY_MS), name="delayed")
     shares = shares_of(plain, delayed, ATTACHED, DELAY_MS)
     assert all(share >= 0.95 for share in shares.values()), shares
+
+
+def test_rlperf_profile_traces_an_attached_loops_steady_epoch_with_its_phase_ranges(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(HAND_LOOP)
+    out = tmp_path / "profile"
+    done = subprocess.run([sys.executable, "-m", "rlperf", "profile", "--out", str(out), "--sample-hz", "50", "--",
+                           sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with gzip.open(out / "trace.json.gz", "rt") as file:
+        trace = json.load(file)  # a Chrome trace: JSON
+    ranges = Counter(event["name"] for event in trace["traceEvents"]
+                     if event.get("ph") == "X" and event.get("cat") == "user_annotation")
+    # one steady epoch of 16 env steps and their acting forwards, one training forward and its learn step
+    assert ranges["env"] == ranges["eval_forward"] == 16 and ranges["train_forward"] == ranges["learn"] == 1, ranges
+    assert ranges["ProfilerStep#1"] == 1 and ranges[OTHER] > 16
+    track = [event for event in trace["traceEvents"] if event.get("cat") == "rlperf_phase"]  # the timeline merged
+    assert len(track) == sum(ranges[name] for name in (*ATTACHED, OTHER))
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["config"]["command"] == [sys.executable, str(script)] and profile["config"]["attach"] is True
+    found = profile["trace_summary"]
+    assert found["traced_epochs"] == 1 and found["env_steps"] == 16 * 4 and found["phases_host_us"]["learn"] > 0
+    assert profile["clock_check"]["matched_ranges"] == len(track)
+    assert "phases in the trace (ms)" in done.stdout and "other" in done.stdout
 
 
 def test_a_command_that_is_not_found_fails_or_writes_no_summary_is_one_line(tmp_path):

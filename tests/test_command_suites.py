@@ -87,7 +87,6 @@ def test_a_command_suite_substitutes_its_axes_into_each_points_command(tmp_path)
 @pytest.mark.parametrize("text, line", [
     ('command = ["python", "{seeds}"]\n[axes]\nnum_envs = [1]', "command[1]: {seeds} names no setting of the suite"),
     ('command = ["python"]\n[fixed]\ndevice = "tpu"', "fixed.device: must be a device: cpu, cuda or cuda:N"),
-    ('command = ["python"]\nprofile = true', "profile: a suite of commands has no traced run"),
     ('attach = false\n[axes]\nnum_envs = [1]', "attach: belongs to a suite of commands: set `command` too"),
     ('command = "python train.py"', "command: must be a trainer's command as a list of strings"),
     ('command = ["python", "{s}"]\n[fixed]\ns = "a.py"\n[against]\nseed = 2', "against.seed: names no setting of "
@@ -118,10 +117,11 @@ SWEEP = textwrap.dedent("""
     attach = false
     repeats = 1
     sample_hz = 0
-    timeout_s = 6
+    timeout_s = 4
+    profile = true
     [[sweep]]
     python = ["%s"]
-    num_envs = [2, 8]
+    num_envs = [8]
     mode = ["ok"]
     [[sweep]]
     python = ["%s"]
@@ -146,19 +146,26 @@ def test_a_sweep_of_commands_is_stored_reported_and_keeps_its_failures_with_thei
         points = {row.point_key: row for row in store.points(run_id).itertuples()}
         samples = store.samples(run_id)
         fingerprint = store.fingerprint(run_id)
+        traces = store.traces(run_id)
     assert fingerprint["git"]["commit"] == git(repo, "rev-parse", "HEAD")  # the user's repository, not rlperf's
     ok = [point_key for point_key, row in points.items() if row.status == "ok"]
-    assert sorted(ok) == [key(mode="ok", num_envs=2), key(mode="ok", num_envs=8)], done.stdout + done.stderr
+    assert ok == [key(mode="ok", num_envs=8)], done.stdout + done.stderr
     crash, nophase, hang = (points[key(mode=mode, num_envs=2)] for mode in ("crash", "nophase", "hang"))
     missing = points[key("no-such-python", mode="ok", num_envs=2)]
     assert crash.status == "failed" and "exit code 1" in crash.reason and "lost its licence" in crash.reason
     assert nophase.status == "failed" and "no phase was marked in 6 epochs" in nophase.reason
-    assert hang.status == "timeout" and hang.reason.startswith("repeat 1 of 1: killed after 6 s")
+    assert hang.status == "timeout" and hang.reason.startswith("repeat 1 of 1: killed after 4 s")
     assert missing.status == "failed" and "command: 'no-such-python' not found" in missing.reason
     summary = samples[samples["point_key"] == key(mode="ok", num_envs=8)]["summary"].iloc[0]
     assert summary.writer == "phases" and summary.steady_steps == 5 * 4 * 8 and summary.config == {"n_envs": 8}
+    # profile = true: each point measured gets a traced run of its first steady epoch, its phases ranges in it
+    assert list(traces["point_key"]) == ok
+    traced = traces.iloc[0]
+    ranges = traced.summary["trace_summary"]["phases_host_us"]
+    assert ranges["learn"] >= 1e6 * 0.040 and ranges["env"] > 0 and traced.summary["trace_summary"]["env_steps"] == 32
     report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
     assert "Phase breakdown" in report and "Which side waits" in report and "No roofline for " in report
+    assert "## Traces" in report and traced.path in report
 
 
 @pytest.fixture(scope="module")
