@@ -25,7 +25,7 @@ from decisions.verdicts import PointVerdict
 from rlperf.errors import BadInput, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key
+from rlperf.machine import Machine, collect, commit_state, machine_key
 from rlperf.store import PointRecord, Store, plain, utc_now
 from rlperf.terminal import say_on
 
@@ -76,8 +76,7 @@ class Against:
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        reference = current if commit is None else {**current, "git": {"commit": commit, "dirty": False,
-                                                                        "ref": self.ref}}
+        reference = current if commit is None else {**current, "git": commit_state(commit, self.ref)}
         key = machine_key(current)
         runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
         design = self.design(len(runnable), suite.repeats)

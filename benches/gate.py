@@ -22,7 +22,7 @@ from decisions import screening as rules
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key
+from rlperf.machine import Machine, collect, commit_state, machine_key
 from rlperf.store import PointRecord, Store
 from rlperf.terminal import say_on
 
@@ -71,7 +71,7 @@ class Gate:
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": self.baseline}},
+        fingerprints = {"ref": {**current, "git": commit_state(commit, self.baseline)},
                         "new": current}
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
