@@ -1,11 +1,15 @@
 """`rlperf bench --against REF`: the suite measured at REF and at the working tree in pairs of processes,
-point by point, so that drift and neighbours land on both sides alike (docs/gate.md, `--against`).
+point by point, so that drift and neighbours land on both sides alike (docs/gate.md, `--against`). A suite of
+commands with an [against] table is measured the same way at one commit: each point as the suite sets it against
+the same point with [against]'s settings (two virtualenvs, two configs; docs/any-trainer.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -18,19 +22,20 @@ from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_comm
 from benches.worktrees import resolve_commit, worktree
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
-from rlperf.errors import output_dir
+from rlperf.errors import BadInput, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key
-from rlperf.store import PointRecord, Store, utc_now
+from rlperf.machine import Machine, collect, commit_state, machine_key
+from rlperf.store import PointRecord, Store, plain, utc_now
 from rlperf.terminal import say_on
 
 
 class Against:
-    """The suite of `options` at commit `ref` and at the working tree; `options.repeats` pairs a point, or pairs
-    added until decided with `until_decided`."""
+    """The suite of `options` at commit `ref` and at the working tree, or (`ref` None) the suite's points against
+    its [against] settings at the working tree; `options.repeats` pairs a point, or pairs added until decided with
+    `until_decided`."""
 
-    def __init__(self, options: ProcessOptions, ref: str, console: Console, until_decided: bool = False,
+    def __init__(self, options: ProcessOptions, ref: str | None, console: Console, until_decided: bool = False,
                  machine: Machine | None = None):
         self.options = options
         self.ref = ref
@@ -42,15 +47,28 @@ class Against:
     def run(self) -> int:
         opts = self.options
         suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
-        commit = resolve_commit(self.ref)
+        if self.ref is not None:
+            suite.refuse_against("--against REF, which compares commits")
+        elif suite.against is None:
+            raise BadInput(f"suite: {opts.suite} has no [against] table: name the reference with --against REF")
+        commit = resolve_commit(self.ref) if self.ref is not None else None
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as working:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             ref_run, new_run, verdicts = self.measure_suite(commit, working, lock, store_path)
         return self.conclude(store_path, ref_run, new_run, verdicts)
 
-    def measure_suite(self, commit: str, working: Launcher, lock: MeasurementLock,
+    def sides(self, suite: suites.Suite, commit: str | None) -> dict[str, tuple[dict, str]]:
+        """Each side's fingerprint entry and how the run's label and the progress lines name it."""
+        if commit is None:
+            settings = ", ".join(f"{name}={plain(value)}" for name, value in suite.against.items())
+            return {"ref": ({"side": "ref", "settings": suite.against}, f"[against] {settings}"),
+                    "new": ({"side": "suite"}, "the suite as set")}
+        return {"ref": ({"side": "ref", "ref": self.ref}, f"{self.ref} ({commit[:10]})"),
+                "new": ({"side": "working tree", "ref": self.ref}, "working tree")}
+
+    def measure_suite(self, commit: str | None, working: Launcher, lock: MeasurementLock,
                       store_path: Path) -> tuple[str, str, list[PointVerdict]]:
         """Both sides measured under the machine's lock, from the probe on (the probe and the server's imports
         are work on the machine too); the reference's run, the working tree's, and the verdicts as measured."""
@@ -58,24 +76,22 @@ class Against:
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        reference = {**current, "git": {"commit": commit, "dirty": False, "ref": self.ref}}
+        reference = current if commit is None else {**current, "git": commit_state(commit, self.ref)}
         key = machine_key(current)
         runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
         design = self.design(len(runnable), suite.repeats)
-        with worktree(commit, self.say) as tree, Store.open(store_path) as store:
-            label = opts.label or f"against {self.ref}"
+        sides = self.sides(suite, commit)
+        with self.reference_tree(commit) as tree, Store.open(store_path) as store:
+            label = opts.label or (f"against {self.ref}" if commit else "against")
             ref_run = store.create_run(suite.name, suite.suite_hash,
-                                       {**reference, "against": {"side": "ref", "ref": self.ref},
-                                        **pairing_entry("ref", None, design)}, key,
-                                       f"{label}: {self.ref} ({commit[:10]})")
+                                       {**reference, "against": sides["ref"][0],
+                                        **pairing_entry("ref", None, design)}, key, f"{label}: {sides['ref'][1]}")
             new_run = store.create_run(suite.name, suite.suite_hash,
-                                       {**current, "against": {"side": "working tree", "ref": self.ref,
-                                                               "ref_run": ref_run},
-                                        **pairing_entry("new", ref_run, design)}, key,
-                                       f"{label}: working tree")
+                                       {**current, "against": {**sides["new"][0], "ref_run": ref_run},
+                                        **pairing_entry("new", ref_run, design)}, key, f"{label}: {sides['new'][1]}")
             lock.update(run_id=new_run)
-            self.console.print(f"runs {ref_run} ({self.ref} at {commit[:10]}) and {new_run} (working tree): "
-                               f"suite {suite.name}, {len(suite.points)} points, store {store.path}")
+            self.console.print(f"runs {ref_run} ({sides['ref'][1]}) and {new_run} ({sides['new'][1]}): "
+                               f"suite {suite.name}, {len(suite.points)} points, store {store.path}", markup=False)
             try:
                 verdicts = self.measure(store, suite, machine, tree, working, ref_run, new_run, design)
                 measure_run_peaks(store, key, new_run, self.say)
@@ -86,6 +102,15 @@ class Against:
             for run_id in (ref_run, new_run):
                 store.finish_run(run_id, "complete")
         return ref_run, new_run, verdicts
+
+    @contextlib.contextmanager
+    def reference_tree(self, commit: str | None) -> Iterator[Path | None]:
+        """A checkout of the reference commit; None where both sides run the working tree ([against])."""
+        if commit is None:
+            yield None
+            return
+        with worktree(commit, self.say) as tree:
+            yield tree
 
     def conclude(self, store_path: Path, ref_run: str, new_run: str, verdicts: list[PointVerdict]) -> int:
         """The report of the working tree against the reference, its verdicts printed; the exit code."""
@@ -101,8 +126,10 @@ class Against:
         code, judged, _ = render(candidate, str(report_dir), baseline, opts.threshold, opts.alpha,
                                  fail_on_inconclusive=opts.fail_on_inconclusive)
         print_verdicts(self.console, judged)
-        self.console.print(f"report: {report_dir} (the working tree against {self.ref}); "
-                           f"`rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` judges again")
+        reference = self.ref if self.ref is not None else "its [against] settings"
+        self.console.print(f"report: {report_dir} (the {'working tree' if self.ref else 'suite'} against {reference}); "
+                           f"`rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` judges again",
+                           markup=False)
         return 1 if any(v.status == "failed" for v in verdicts) else code
 
     def design(self, points: int, suite_repeats: int) -> Design:
@@ -116,16 +143,18 @@ class Against:
         pairs = opts.repeats or suite_repeats
         return Design((pairs,), alpha, sides=2, threshold=opts.threshold, futility_from=pairs)
 
-    def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path, working: Launcher,
+    def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path | None, working: Launcher,
                 ref_run: str, new_run: str, design: Design) -> list[PointVerdict]:
+        """Each point's pairs: the reference's processes start in its checkout (in the working tree, as the
+        suite's, where the sides differ by [against]'s settings), from the same server as the working tree's."""
         opts = self.options
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with working.beside(tree) as baseline:
+        with working.beside(tree or working.cwd) as baseline:
             sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
-                                        trainer_command, baseline),
+                                        trainer_command, baseline, side="ref"),
                      "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
-                                        trainer_command, working)}
+                                        trainer_command, working, side="new")}
             return self.measure_pairs(store, suite, machine, ref_run, new_run, design, sides)
 
     def measure_pairs(self, store: Store, suite: suites.Suite, machine: Machine, ref_run: str, new_run: str,
@@ -141,12 +170,12 @@ class Against:
         for index, point in enumerate(suite.points):
             reason = machine.skip_reason(point.config)
             if reason is not None:
-                for run_id in (ref_run, new_run):
-                    store.record_point(run_id, PointRecord(point.key, point.config, "skipped", utc_now(), 0.0,
-                                                           reason=reason))
+                for side, run_id in (("ref", ref_run), ("new", new_run)):
+                    store.record_point(run_id, PointRecord(point.key, point.config_for(side), "skipped", utc_now(),
+                                                           0.0, reason=reason))
                 self.console.print(f"skipped {point.label}: {reason}")
                 continue
-            records = {side: PointRecord(point.key, point.config, "ok", utc_now(), 0.0) for side in sides}
+            records = {side: PointRecord(point.key, point.config_for(side), "ok", utc_now(), 0.0) for side in sides}
             verdict = pairing.measure(index, point, records, machine.gpu_uuids(point.config),
                                       time.monotonic() + budget)
             for side, run_id in (("ref", ref_run), ("new", new_run)):

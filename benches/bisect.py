@@ -27,7 +27,7 @@ from decisions.verdicts import PointVerdict
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key, measured_repository, probe
+from rlperf.machine import Machine, collect, commit_state, machine_key, measured_repository, probe
 from rlperf.store import PointRecord, Store, canonical_json, utc_now
 from rlperf.terminal import say_on
 
@@ -225,6 +225,7 @@ class Bisect:
         """Every input check, before anything is measured: each failure is one line, exit 2."""
         opts = self.options
         suite = suites.load(opts.suite)
+        suite.refuse_against("bisect, which compares commits")
         point = choose_point(suite, self.wanted_point)
         good = commit_info(resolve_commit(self.good_ref, "good"))
         bad = commit_info(resolve_commit(self.bad_ref, "bad"))
@@ -395,12 +396,12 @@ class Measure:
         label = f"bisect {self.good.short}..{self.bad.short} step {number}"
         good_run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
-            {**self.fingerprint, "git": {"commit": self.good.sha, "dirty": False, "ref": self.bisect.good_ref},
+            {**self.fingerprint, "git": commit_state(self.good.sha, self.bisect.good_ref),
              "bisect": {**search, "side": "good"}, **pairing_entry("ref", None, design)}, self.machine_key,
             f"{label}: good {self.good.short}")
         run = self.store.create_run(
             self.suite.name, self.suite.suite_hash,
-            {**self.fingerprint, "git": {"commit": commit.sha, "dirty": False},
+            {**self.fingerprint, "git": commit_state(commit.sha),
              "bisect": {**search, "side": "probe", "good_run": good_run}, **pairing_entry("new", good_run, design)},
             self.machine_key, f"{label}: {commit}")
         return good_run, run

@@ -21,7 +21,7 @@ from decisions.rundata import load_run
 from decisions.sequential import Design, pairing_entry
 from rlperf.errors import BadInput
 from rlperf.lock import MeasurementLock
-from rlperf.machine import REPOSITORY_VARIABLE, collect, machine_key, probe
+from rlperf.machine import REPOSITORY_VARIABLE, collect, commit_state, machine_key, probe
 from rlperf.store import PointRecord, Store, utc_now
 from rlperf.terminal import say_on
 
@@ -100,7 +100,7 @@ class Confirm:
                 Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():
-                entry = {**fingerprint, "git": {"commit": tree_commit, "dirty": False},
+                entry = {**fingerprint, "git": commit_state(tree_commit),
                          **changepoints.confirms_entry(change, point_key),
                          **pairing_entry(side, created.get("ref"), design)}
                 created[side] = store.create_run(after_run.suite, after_run.info["suite_hash"], entry, key,

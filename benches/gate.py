@@ -22,7 +22,7 @@ from decisions import screening as rules
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key
+from rlperf.machine import Machine, collect, commit_state, machine_key
 from rlperf.store import PointRecord, Store
 from rlperf.terminal import say_on
 
@@ -54,10 +54,11 @@ class Gate:
         if self.summary is not None:
             output_file(self.summary, "summary")
         suite = suites.load(opts.suite)  # a bad suite stops here, before git or the machine is asked
+        suite.refuse_against("the gate, which compares commits")
         commit = resolve_commit(self.baseline, "baseline")
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as working:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as working:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             plan = self.measure_night(commit, working, lock, store_path)
         return self.conclude(plan, store_path)
@@ -70,7 +71,7 @@ class Gate:
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        fingerprints = {"ref": {**current, "git": {"commit": commit, "dirty": False, "ref": self.baseline}},
+        fingerprints = {"ref": {**current, "git": commit_state(commit, self.baseline)},
                         "new": current}
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
         utilization = UtilizationProbe(opts.sample_hz_for(suite))

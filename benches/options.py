@@ -57,6 +57,11 @@ class ProcessOptions:
         overrides = {"device": machine.resolve_device(self.device)} if self.device else {}
         return suites.load(self.suite, overrides), overrides
 
+    def launch_for(self, suite: suites.Suite) -> str:
+        """How the suite's processes start: a suite of commands starts each fresh, under `rlperf attach`, so no
+        server is warmed for it, not even to probe the machine."""
+        return "fresh" if suite.is_command_suite else self.launch
+
     def timeout_for(self, suite: suites.Suite) -> float:
         return self.timeout_s or suite.timeout_s
 

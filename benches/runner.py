@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from profilers.attach_command import ATTACH_VARIABLES, attached_environment, resolved
 from rlperf.errors import BadInput
 from rlperf.store import PointRecord, utc_now
 from rlperf.summary import RunSummary
@@ -30,19 +32,26 @@ REASON_CHARS = 2000
 
 
 def trainer_command(config: dict[str, Any], summary_path: Path, python: str = sys.executable) -> list[str]:
-    """The reference trainer's command for a point, or a command point's own command under `rlperf attach`
-    (which writes its summary, and with `attach` false leaves the phases to the command's rlperf.phases)."""
+    """The reference trainer's command for a point, or a command point's own command, which runs in `rlperf
+    attach`'s environment (`attached_environment_of`)."""
     if "command" in config:
-        return [python, "-m", "rlperf", "attach", "--json", str(summary_path), "--warmup-epochs",
-                str(config["warmup_epochs"]), *([] if config["attach"] else ["--no-attach"]), "--",
-                *config["command"]]
+        return list(config["command"])
     return [python, "-m", "rlperf", "train", *from_dict(config).to_args(), "--json", str(summary_path)]
 
 
-def attaches(command: list[str]) -> bool:
-    """Whether `command` runs another trainer under `rlperf attach`: started fresh, as the command it starts is,
-    so that its process and the command's are accounted as the trainer's (a forked start would gain nothing)."""
-    return command[1:4] == ["-m", "rlperf", "attach"]
+def attached_environment_of(config: dict[str, Any], summary_path: Path) -> dict[str, str] | None:
+    """The environment a command point's process starts in: `rlperf attach`'s, which has it write its summary to
+    `summary_path` (and with `attach` false leaves the phases to its own rlperf.phases); None for the reference
+    trainer, which takes its flags. The harness starts the command itself, fresh: an interpreter of `rlperf
+    attach` between them would cost each repeat its start-up (0.17 s here)."""
+    if "command" not in config:
+        return None
+    return attached_environment(summary_path, {}, config["warmup_epochs"], attach=config["attach"])
+
+
+def environment_text(env: dict[str, str]) -> str:
+    """The variables `rlperf attach` sets, as a shell line's prefix: a repeat's log shows how to run it again."""
+    return " ".join(f"{name}={shlex.quote(env[name])}" for name in ATTACH_VARIABLES if env.get(name))
 
 
 def repeat_config(config: dict[str, Any], repeat: int) -> dict[str, Any]:
@@ -125,12 +134,12 @@ class Launcher:
             self.server.close()
             self.server = None
 
-    def prepare(self, command: list[str]) -> ForkServer | None:
-        """The server that will fork `command`, started (its imports done) on first use; None for a fresh start.
-        Called before a repeat's accounts open: the server's imports are neither the trainer's nor another
-        program's."""
+    def prepare(self, command: list[str], fresh: bool = False) -> ForkServer | None:
+        """The server that will fork `command`, started (its imports done) on first use; None for a fresh start,
+        which a `fresh` command always has (another trainer's, whose environment is read at its start). Called
+        before a repeat's accounts open: the server's imports are neither the trainer's nor another program's."""
         owner = self.owner
-        if self.method != "forked" or not forkable(command) or owner.refused is not None or attaches(command):
+        if self.method != "forked" or fresh or not forkable(command) or owner.refused is not None:
             return None
         if owner.server is None:
             try:
@@ -155,19 +164,23 @@ class Launcher:
             self.gone()
             return probe()
 
-    def start(self, server: ForkServer | None, command: list[str], log,
-              log_path: Path) -> ForkedChild | subprocess.Popen:
+    def start(self, server: ForkServer | None, command: list[str], log, log_path: Path,
+              env: dict[str, str] | None = None) -> ForkedChild | subprocess.Popen:
         """The repeat's process, in a session of its own (a timeout ends it and any ranks it started together),
-        dying with this harness (through `spawn`, or with its server), its output in `log`."""
+        dying with this harness (through `spawn`, or with its server), its output in `log`; with `env`, another
+        trainer's command in that environment."""
         if server is not None:
             return server.start(command, log_path, cwd=self.cwd)
         if self.method == "forked" and self.owner.refused:
             log.write(f"started fresh: {self.owner.refused}\n")
             log.flush()
-        # a command point runs from the root of its repository's checkout (the working tree's, or a commit's)
-        cwd = self.cwd or (measured_repository() if attaches(command) else None)
         return spawn(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     start_new_session=True, cwd=cwd)
+                     start_new_session=True, cwd=self.command_cwd(env is not None), env=env)
+
+    def command_cwd(self, command_point: bool) -> Path | None:
+        """Where a repeat runs: the checkout's directory; a command point from the root of its repository's
+        checkout (the working tree's, or a commit's)."""
+        return self.cwd or (measured_repository() if command_point else None)
 
     def gone(self) -> None:
         """The server died: the next repeat, of whichever side, starts another."""
@@ -179,17 +192,19 @@ class Launcher:
 
 class PointRunner:
     """Runs points for one sweep; `command_for` is how a repeat's process is started (the trainer), `launcher`
-    where and how (default: forked, in this process's directory)."""
+    where and how (default: forked, in this process's directory); `side`, the side of a pair it runs ("ref" runs
+    a point's [against] config where its suite has one)."""
 
     def __init__(self, run_dir: Path, repeats: int, timeout_s: float, utilization: UtilizationProbe,
                  command_for: Callable[[dict[str, Any], Path], list[str]] = trainer_command,
-                 launcher: Launcher | None = None):
+                 launcher: Launcher | None = None, side: str | None = None):
         self.run_dir = run_dir.absolute()  # the paths it hands the trainer must hold in another checkout too
         self.repeats = repeats
         self.timeout_s = timeout_s
         self.utilization = utilization
         self.command_for = command_for
         self.launcher = launcher or Launcher()
+        self.side = side
 
     def point_dir(self, index: int, point: Point) -> Path:
         slug = "".join(c if c.isalnum() or c in "._" else "-" for c in point.label.replace(" ", "_"))
@@ -197,7 +212,8 @@ class PointRunner:
 
     def run(self, index: int, point: Point, gpu_uuids: list[str]) -> PointRecord:
         started_at, t0 = utc_now(), time.monotonic()
-        record = PointRecord(point_key=point.key, config=point.config, status="ok", started_at=started_at, seconds=0.0)
+        record = PointRecord(point_key=point.key, config=point.config_for(self.side), status="ok",
+                             started_at=started_at, seconds=0.0)
         directory = self.point_dir(index, point)
         directory.mkdir(parents=True, exist_ok=True)
         for repeat in range(self.repeats):
@@ -215,9 +231,16 @@ class PointRunner:
         summary_path = directory / f"repeat-{repeat}.json"
         log_path = directory / f"repeat-{repeat}.log"
         summary_path.unlink(missing_ok=True)
-        config = repeat_config(point.config, repeat)
+        config = repeat_config(point.config_for(self.side), repeat)
         command = self.command_for(config, summary_path)
-        server = self.launcher.prepare(command)
+        env = attached_environment_of(config, summary_path)
+        if env is not None:
+            try:
+                command = resolved(command, self.launcher.command_cwd(True))
+            except BadInput as exc:
+                log_path.write_text(f"$ {' '.join(command)}\n{exc}\n")
+                return "failed", str(exc), None
+        server = self.launcher.prepare(command, fresh=env is not None)
         sampler = self.utilization.start(gpu_uuids)
         monitor = InterferenceMonitor(gpu_uuids)
         timed_out = False
@@ -225,9 +248,9 @@ class PointRunner:
         monitor.start()
         try:
             with open(log_path, "w") as log:
-                log.write("$ " + " ".join(command) + "\n")
+                log.write("$ " + (environment_text(env) + " " if env else "") + " ".join(command) + "\n")
                 log.flush()
-                child = self.launcher.start(server, command, log, log_path)
+                child = self.launcher.start(server, command, log, log_path, env)
                 try:
                     child.wait(timeout=self.timeout_s)
                 except subprocess.TimeoutExpired:

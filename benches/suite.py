@@ -40,7 +40,8 @@ TOP_LEVEL = {
     "timeout_s": f"seconds one repeat may take before it is killed (a number above 0 and at most {MAX_TIMEOUT_S:g})",
     "sample_hz": f"utilization samples per second while a point runs (a number from 0, which turns sampling off, "
                  f"to {MAX_SAMPLE_HZ:g})",
-    "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS",
+    "profile": "true gives every point one extra traced run (`rlperf profile`), stored in traces, never used for SPS "
+               "(a command's: its first steady epoch, traced through rlperf.phases)",
     "fixed": "a table of trainer settings shared by every point",
     "axes": "a table of setting = [values] swept as a cartesian product",
     "sweep": "blocks of axes, each crossed with the top-level axes",
@@ -50,9 +51,11 @@ TOP_LEVEL = {
     "attach": "true (the default) attaches to the command (`rlperf attach`); false runs one that marks its own "
               "phases through rlperf.phases",
     "warmup_epochs": "epochs of each command run left out as warm-up (a whole number, default 1)",
+    "against": "a table of settings (fixed or swept) and the value the reference side takes: each point is "
+               "measured in pairs, as the suite sets it against as [against] does (a suite of commands)",
 }
 # keys a suite of commands alone may have
-COMMAND_KEYS = ("command", "attach", "warmup_epochs")
+COMMAND_KEYS = ("command", "attach", "warmup_epochs", "against")
 # what a command point's settings may be; `device` says where it computes (the GPUs it is watched on)
 COMMAND_VALUE = "a string, a whole number, a number or true/false"
 DEVICE_TEXT = "cpu, cuda or cuda:N"
@@ -67,10 +70,16 @@ class Point:
     key: str  # canonical JSON of the swept values: the point's identity in the store
     axes: dict[str, Any]
     config: dict[str, Any]  # every TrainConfig field, resolved
+    against: dict[str, Any] | None = None  # the reference side's config, in a suite with [against]
 
     @property
     def label(self) -> str:
         return point_label(self.axes)
+
+    def config_for(self, side: str | None) -> dict[str, Any]:
+        """The config one side of a pair runs: [against]'s for the reference ("ref") where the suite has it, the
+        point's own otherwise (and for every side of a comparison of two commits)."""
+        return self.against if side == "ref" and self.against is not None else self.config
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,20 @@ class Suite:
     profile: bool
     axis_names: tuple[str, ...]
     points: tuple[Point, ...]
+    against: dict[str, Any] | None = None  # [against]'s settings: the reference side of its pairs
 
     @property
     def is_command_suite(self) -> bool:
         return "command" in self.points[0].config
+
+    def refuse_against(self, command: str) -> None:
+        """A suite whose points are pairs of two settings is measured by `rlperf bench` alone, at one commit:
+        `command` measures one side of each point, or compares commits."""
+        if self.against is not None:
+            where = display_path(self.path)
+            raise BadInput(f"{where}: against: the suite measures each point in pairs against its [against] "
+                           f"settings, which `rlperf bench --suite {where}` does, not {command} (allowed: a suite "
+                           "without [against])")
 
 
 def available_suites() -> list[str]:
@@ -181,9 +200,6 @@ class SuiteReader:
         for key in COMMAND_KEYS:
             if key in self.document and self.command is None:
                 raise self.fail(key, "belongs to a suite of commands: set `command` too")
-        if self.command is not None and options["profile"]:
-            raise self.fail("profile", "a suite of commands has no traced run: `rlperf profile` traces the "
-                                       "reference trainer (allowed: false)")
 
         fixed = self.settings_table("fixed", self.document.get("fixed", {}))
         top_axes = self.axes_table("axes", self.document.get("axes", {}))
@@ -205,6 +221,7 @@ class SuiteReader:
             if name in axis_names:
                 raise self.fail(name, f"is swept as an axis here, so it cannot be overridden (to {value!r})")
         fixed.update(overrides)
+        self.against = self.against_table(fixed, axis_names) if self.command is not None else None
         excludes = self.exclude_rules(axis_names)
         products = [math.prod(len(values) for values in block.values()) for block in blocks]
         if sum(products) > MAX_POINTS:
@@ -227,7 +244,8 @@ class SuiteReader:
         return Suite(name=path.stem, path=path, suite_hash=digest.hexdigest()[:16],
                      description=str(options["description"]), repeats=options["repeats"],
                      timeout_s=float(options["timeout_s"]), sample_hz=float(options["sample_hz"]),
-                     profile=options["profile"], axis_names=axis_names, points=tuple(points.values()))
+                     profile=options["profile"], axis_names=axis_names, points=tuple(points.values()),
+                     against=self.against)
 
     def check_options(self, options: dict[str, Any]) -> None:
         def is_number(value: Any) -> bool:
@@ -257,6 +275,25 @@ class SuiteReader:
             raise self.fail("warmup_epochs", f"must be {TOP_LEVEL['warmup_epochs']} (got {warmup!r})")
         return {"command": command, "attach": attach, "warmup_epochs": warmup}
 
+    def against_table(self, fixed: dict[str, Any], axis_names: tuple[str, ...]) -> dict[str, Any] | None:
+        """[against]: settings of the suite, fixed or swept, and the value the reference side of every point takes
+        (None without the table)."""
+        table = self.document.get("against")
+        if table is None:
+            return None
+        if not isinstance(table, dict) or not table:
+            raise self.fail("against", f"must be {TOP_LEVEL['against']}")
+        for name, value in table.items():
+            key = f"against.{name}"
+            if name == "device":
+                raise self.fail(key, "both sides of a pair compute on one device (allowed: a setting other than "
+                                     "device)")
+            if name not in fixed and name not in axis_names:
+                settings = [setting for setting in (*fixed, *axis_names) if setting != "device"]
+                raise self.fail(key, f"names no setting of the suite (allowed: {', '.join(settings) or 'none'})")
+            self.check_command_setting(key, name, value)
+        return dict(table)
+
     def check_setting(self, key: str, name: str, value: Any) -> Any:
         if self.command is not None:
             return self.check_command_setting(key, name, value)
@@ -274,7 +311,7 @@ class SuiteReader:
             raise self.fail(key, "a setting's name must be a Python identifier, as `{name}` in the command uses it")
         if value is None and name not in COMMAND_KEYS:
             return None  # an axis's name, checked before its values
-        if name in ("command", "attach", "warmup_epochs", "world_size"):
+        if name in (*COMMAND_KEYS, "world_size"):
             raise self.fail(key, "is the suite's own key, not a setting of its points")
         if not isinstance(value, (str, int, float, bool)):
             raise self.fail(key, f"must be {COMMAND_VALUE} (got {value!r})")
@@ -324,7 +361,9 @@ class SuiteReader:
 
     def make_point(self, fixed: dict[str, Any], axes: dict[str, Any]) -> Point:
         if self.command is not None:
-            return Point(key=canonical_json(axes), axes=axes, config=self.command_point(fixed, axes))
+            # the reference side: [against]'s values in place of the suite's, fixed or swept
+            against = self.command_point(fixed, {**axes, **self.against}) if self.against else None
+            return Point(key=canonical_json(axes), axes=axes, config=self.command_point(fixed, axes), against=against)
         try:
             config = from_dict({**fixed, **axes}).to_dict()
         except ConfigError as exc:
@@ -344,7 +383,10 @@ class SuiteReader:
             except (ValueError, IndexError) as exc:
                 raise self.fail(f"command[{index}]", f"is not a command part with {{name}} placeholders ({exc})") \
                     from None
-        return {**settings, **self.command, "command": command, "world_size": 1}
+        # both sides of an [against] pair carry its settings: they name what the sides differ by (decisions/verdicts.py
+        # matches the two sides' points across it)
+        against = {"against": self.against} if self.against else {}
+        return {**settings, **self.command, "command": command, "world_size": 1, **against}
 
 
 def matches(rule: dict[str, list[Any]], config: dict[str, Any]) -> bool:

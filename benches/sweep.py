@@ -29,7 +29,7 @@ from decisions.rundata import summarize_points
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
-from rlperf.machine import Machine, collect, machine_key
+from rlperf.machine import Machine, collect, machine_key, measured_repository
 from rlperf.store import PointRecord, Store, check_export_path, plain, utc_now
 from rlperf.terminal import default_console, say_on
 
@@ -60,11 +60,12 @@ class Sweep:
     def run(self) -> int:
         opts = self.options
         suite = suites.load(opts.suite)  # a bad suite stops here, before the machine or the store is touched
+        suite.refuse_against("a sweep of one side")
         if self.export is not None:
             check_export_path(self.export)
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
-        with MeasurementLock() as lock, Launcher(opts.launch) as launcher:
+        with MeasurementLock() as lock, Launcher(opts.launch_for(suite)) as launcher:
             lock.acquire(opts.wait, self.say, suite=suite.name, store=str(store_path.resolve()))
             return self.measure_suite(launcher, lock, store_path)
 
@@ -171,7 +172,7 @@ class Sweep:
                 store.record_point(run_id, record)
                 if suite.profile and record.status == "ok":
                     self.profile_point(store, run_id, point, runner.point_dir(index, point) / "profile",
-                                       machine.gpu_uuids(point.config), progress.console)
+                                       machine.gpu_uuids(point.config), progress.console, runner.timeout_s)
                 elapsed = time.monotonic() - started
                 remaining = elapsed / number * (len(todo) - number)
                 last = point_result_text(record)
@@ -185,14 +186,24 @@ class Sweep:
                     reported_unavailable = True
 
     def profile_point(self, store: Store, run_id: str, point: suites.Point, out_dir: Path, gpu_uuids: list[str],
-                      console: Console) -> None:
-        """One extra traced run of the point (the suite's `profile = true`); its trace and summary go to the
-        traces table, its SPS nowhere."""
-        from profilers.profile_run import profile_run
+                      console: Console, timeout_s: float) -> None:
+        """One extra traced run of the point (the suite's `profile = true`): the reference trainer's, or a
+        command's, attached and traced through rlperf.phases; its trace and summary go to the traces table, its
+        SPS nowhere."""
+        from profilers.profile_run import profile_command, profile_run
         from reference_trainer.config import from_dict
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        result = profile_run(from_dict(point.config), out_dir, gpu_uuids=gpu_uuids)
+        if "command" in point.config:
+            try:
+                # twice a repeat's time: the traced run also imports torch and starts its profiler
+                result = profile_command(point.config, out_dir, gpu_uuids=gpu_uuids, timeout_s=2 * timeout_s,
+                                         cwd=measured_repository(), log=out_dir / "command.log")
+            except BadInput as exc:  # a command that is not found: its measured repeats have said so
+                console.print(f"    profile: {exc}", markup=False)
+                return
+        else:
+            result = profile_run(from_dict(point.config), out_dir, gpu_uuids=gpu_uuids)
         for message in result.messages:
             console.print(f"    profile: {message}", markup=False)
         if result.returncode == 0:

@@ -37,9 +37,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: $RLPERF_BASELINE, else no comparison)")
     parser.add_argument("--against", metavar="REF",
                         help="measure the suite at git REF (a temporary worktree) and at the working tree, in "
-                             "alternating processes, and judge the working tree against REF (default: no comparison)")
+                             "alternating processes, and judge the working tree against REF (default: no comparison; a "
+                             "suite with an [against] table is measured in pairs against it, at the working tree)")
     parser.add_argument("--until-decided", action="store_true",
-                        help="with --against: add pairs of processes to each point until its verdict is decided, "
+                        help="with pairs (--against, or a suite's [against]): add pairs of processes to each point "
+                             "until its verdict is decided, "
                              "spending alpha over the looks (default: the suite's repeats in pairs, judged once)")
     add_max_repeats(parser, "with --until-decided: at most N pairs per point")
     add_budget(parser, "with --until-decided: seconds each point may take before its pairs so far are judged one "
@@ -52,19 +54,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_combinations(args)
+    paired = args.against is not None or has_against_table(args.suite)
+    check_combinations(args, paired)
     with stop_signals_interrupt():
-        return against(args) if args.against else sweep(args)
+        return against(args) if paired else sweep(args)
 
 
-def check_combinations(args: argparse.Namespace) -> None:
-    if args.against is None:
+def has_against_table(suite: str) -> bool:
+    """Whether the suite measures its points in pairs against its own [against] settings (a bad suite is refused
+    here, in one line)."""
+    from benches import suite as suites
+
+    return suites.load(suite).against is not None
+
+
+def check_combinations(args: argparse.Namespace, paired: bool) -> None:
+    if not paired:
         if args.until_decided:
-            raise BadInput("until-decided: needs --against REF (pairs of processes to add)")
+            raise BadInput("until-decided: needs --against REF, or a suite with an [against] table (pairs of "
+                           "processes to add)")
         return
+    pairs = "--against (REF's run" if args.against is not None else "a suite with [against] (its [against] side's run"
     for flag, value in (("resume", args.resume), ("export", args.export), ("baseline", args.baseline)):
         if value:
-            raise BadInput(f"{flag}: cannot be combined with --against (REF's run is the baseline)")
+            raise BadInput(f"{flag}: cannot be combined with {pairs} is the baseline)")
     if args.until_decided and args.repeats:
         raise BadInput("repeats: with --until-decided the pairs are added until decided; use --max-repeats")
 

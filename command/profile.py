@@ -1,9 +1,10 @@
-"""`rlperf profile [train options] --out DIR`: one traced trainer run, with utilization and py-spy around it.
+"""`rlperf profile [train options] --out DIR`: one traced trainer run, with utilization and py-spy around it;
+`rlperf profile --out DIR -- COMMAND ...`: the same of another trainer's command, attached.
 
-The trainer runs in a child process (`rlperf train --trace-dir DIR --json ...`) and owns its
-torch.profiler session; this process samples NVML and the host meanwhile, then merges the samples and
-the phase timeline into the trace as tracks on the trace's clock, and summarises the trace.
-SPS is not reported: the profiler slows the run it observes.
+The trainer runs in a child process (`rlperf train --trace-dir DIR --json ...`; a command in `rlperf attach`'s
+environment, its phases timed and traced through rlperf.phases) and owns its torch.profiler session; this
+process samples NVML and the host meanwhile, then merges the samples and the phase timeline into the trace as
+tracks on the trace's clock, and summarises the trace. SPS is not reported: the profiler slows the run it observes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -34,12 +36,50 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default off)")
     parser.add_argument("--pyspy-rate", type=positive_int, default=100,
                         help="py-spy samples per second (default 100)")
+    parser.add_argument("--no-attach", action="store_true",
+                        help="with a command: hooks off, the command marks its own phases through rlperf.phases "
+                             "(default: attached)")
+    parser.add_argument("--timeout", type=number_in(0, 86_400, low_included=False), default=None, metavar="S",
+                        help="with a command: end it after this many seconds (default: none)")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="another trainer's command to profile (default: the reference trainer, from the "
+                             "options above)")
+
+
+# the trainer options a command's profile takes: the rest are the reference trainer's
+COMMAND_OPTIONS = ("device", "warmup_epochs", "trace_epochs")
+
+def profile_attached(args: argparse.Namespace, command: list[str]):
+    """The command's profile: its first --trace-epochs steady epochs after --warmup-epochs, traced."""
+    from profilers.profile_run import profile_command
+
+    if args.warmup_epochs < 0:
+        raise BadInput("warmup-epochs: must be 0 or more")
+    if args.trace_epochs < 1:
+        raise BadInput("trace-epochs: must be 1 or more")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise BadInput(f"device: must be cpu, cuda or cuda:N (got {args.device!r})")
+    _checked_out(args)
+    if not args.quiet:
+        sys.stderr.write(f"rlperf profile: tracing {args.trace_epochs} steady epoch(s) of the command after "
+                         f"{args.warmup_epochs} warm-up epoch(s)...\n")
+    config = {"command": command, "attach": not args.no_attach, "warmup_epochs": args.warmup_epochs,
+              "device": args.device}
+    return profile_command(config, Path(args.out), sample_hz=args.sample_hz,
+                           pyspy_rate=args.pyspy_rate if args.pyspy else None, trace_epochs=args.trace_epochs,
+                           timeout_s=args.timeout)
 
 
 def _checked_config(args: argparse.Namespace) -> TrainConfig:
     if not args.timers:
         raise BadInput("timers: rlperf profile needs the phase timers (they name the trace's ranges); drop --no-timers")
     cfg = dataclasses.replace(config_from_args(args), trace_dir=str(args.out))
+    _checked_out(args)
+    return cfg
+
+
+def _checked_out(args: argparse.Namespace) -> None:
+    """--out new or empty of a profile, --json writable: before anything runs."""
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"out: {out} exists and is not a directory; name a directory")
@@ -48,18 +88,40 @@ def _checked_config(args: argparse.Namespace) -> TrainConfig:
     if args.json:
         output_file(args.json, "json")
     output_dir(out, "out")
-    return cfg
+
+
+def command_of(args: argparse.Namespace, parser_defaults: dict) -> list[str]:
+    """The command after `--` (none: the reference trainer); a reference trainer's option given beside one, or a
+    command's option without one, is refused in one line."""
+    if args.argv[:1] not in ([], ["--"]):  # a mistyped option, not a command: a command follows `--`
+        raise BadInput(f"unrecognized arguments: {' '.join(args.argv)} (a command to profile follows --)")
+    command = args.argv[1:]
+    if command:
+        for field in dataclasses.fields(TrainConfig):
+            if field.name not in COMMAND_OPTIONS and getattr(args, field.name) != parser_defaults[field.name]:
+                raise BadInput(f"{field.name.replace('_', '-')}: a command's profile takes no trainer options (allowed "
+                               f"with a command: {', '.join('--' + name.replace('_', '-') for name in COMMAND_OPTIONS)})")
+    elif args.no_attach or args.timeout is not None:
+        raise BadInput(f"{'no-attach' if args.no_attach else 'timeout'}: belongs to a command's profile (name one "
+                       "after --)")
+    return command
 
 
 def run(args: argparse.Namespace) -> int:
     from profilers.profile_run import profile_run
 
+    defaults = {field.name: getattr(TrainConfig(), field.name) for field in dataclasses.fields(TrainConfig)}
+    command = command_of(args, {**defaults, "inject_delay": []})
     created = not Path(args.out).exists()
-    cfg = _checked_config(args)
-    if not args.quiet:
-        sys.stderr.write(f"rlperf profile: tracing {cfg.trace_epochs} steady epoch(s) of a {cfg.num_epochs}-epoch run...\n")
-    result = profile_run(cfg, Path(args.out), sample_hz=args.sample_hz,
-                         pyspy_rate=args.pyspy_rate if args.pyspy else None)
+    if command:
+        result = profile_attached(args, command)
+    else:
+        cfg = _checked_config(args)
+        if not args.quiet:
+            sys.stderr.write(f"rlperf profile: tracing {cfg.trace_epochs} steady epoch(s) of a {cfg.num_epochs}-epoch "
+                             "run...\n")
+        result = profile_run(cfg, Path(args.out), sample_hz=args.sample_hz,
+                             pyspy_rate=args.pyspy_rate if args.pyspy else None)
     for message in result.messages:
         sys.stderr.write(f"rlperf profile: {message}\n")
     if result.returncode != 0:  # no profile: the trainer's own line, and the message above, say why

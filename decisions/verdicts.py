@@ -72,7 +72,11 @@ def match_key(point_key: str, config: dict, ignored: tuple[str, ...] = ()) -> st
     that only change how it was observed or perturbed (a traced or delay-injected run is still the same
     point) and any `ignored` ones. The swept values are part of it because two sweep blocks of one suite
     can resolve to the same configuration. A setting added to the trainer after a run was stored counts as
-    its default there, so the run still matches a newer one that leaves the setting at its default."""
+    its default there, so the run still matches a newer one that leaves the setting at its default. The two sides
+    of a suite's [against] pairs are one point: they differ by the settings it names and the command they make."""
+    against = config.get("against")
+    if isinstance(against, dict):
+        ignored = (*ignored, *against, "command")
     resolved = {**DEFAULT_CONFIG, **config}
     kept = {name: value for name, value in resolved.items() if name not in fields_with(OBSERVER) + ignored}
     return json.dumps([json.loads(point_key), kept], sort_keys=True)

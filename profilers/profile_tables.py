@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.table import Table
 
-from reference_trainer.config import PHASES
 
 
 def trace_tables(trace_summary: dict) -> Group:
@@ -39,7 +38,7 @@ def trace_tables(trace_summary: dict) -> Group:
     device = trace_summary.get("phases_device_us")
     if device:
         phases.add_column("GPU", justify="right")
-    for phase in PHASES:
+    for phase in trace_summary["phases_host_us"]:  # the reference trainer's PHASES; a command's, and `other`
         row = [phase, f"{trace_summary['phases_host_us'][phase] / 1e3:.2f}"]
         if device:
             row.append(f"{device[phase] / 1e3:.2f}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from profilers import trace_events
 from reference_trainer.config import GRAPH_PHASES, PHASES, from_dict
-from rlperf.summary import OTHER
+from rlperf.summary import OTHER, PHASES as COMMAND_PHASES
 
 TOP_N = 10
 # Host API calls that put work on the device; a CUDA graph replay counts once, like any launch.
@@ -36,15 +36,22 @@ HTA_NS_ROUNDING_OFF = "HTA_DISABLE_NS_ROUNDING"
 
 
 def summarize_trace(path: str | Path, run_summary: dict) -> dict:
-    """Summary of the trace at `path`; `run_summary` is the trainer's --json summary of the same run."""
+    """Summary of the trace at `path`; `run_summary` is the trainer's --json summary of the same run (the
+    reference trainer's, or a command's, whose traced epochs it marks `traced` and whose phases include
+    `other`)."""
     path = Path(path)
     trace = trace_events.load(path)
-    config = from_dict(run_summary["config"])
-    # the trace is one rank's, so its epochs hold that rank's share of the batch
-    steps_per_epoch = config.envs_per_rank * config.horizon
     profiler_steps = trace_events.profiler_steps(trace)
-    epochs = len(profiler_steps) or config.trace_epochs
-    env_steps = epochs * steps_per_epoch
+    if run_summary.get("writer", "reference") == "reference":
+        config = from_dict(run_summary["config"])
+        # the trace is one rank's, so its epochs hold that rank's share of the batch
+        epochs = len(profiler_steps) or config.trace_epochs
+        env_steps = epochs * config.envs_per_rank * config.horizon
+        phases = PHASES
+    else:
+        traced = [epoch for epoch in run_summary["epochs"] if epoch.get("traced")]
+        epochs, env_steps = len(traced), sum(epoch["steps"] for epoch in traced)
+        phases = (*COMMAND_PHASES, OTHER)
     has_gpu = bool(trace_events.complete_events(trace, trace_events.GPU_ACTIVITY_CATEGORIES))
 
     summary = {
@@ -54,11 +61,11 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
         "traced_epochs": epochs,
         "env_steps": env_steps,
         "window_us": sum(step["dur"] for step in profiler_steps) or None,
-        "phases_host_us": _range_totals(trace, trace_events.HOST_RANGE_CATEGORY),
-        "phases_device_us": _range_totals(trace, trace_events.DEVICE_RANGE_CATEGORY) if has_gpu else None,
+        "phases_host_us": _range_totals(trace, trace_events.HOST_RANGE_CATEGORY, phases),
+        "phases_device_us": _range_totals(trace, trace_events.DEVICE_RANGE_CATEGORY, phases) if has_gpu else None,
         "top_operators": _top_operators(trace),
         # the host-side analogue of launches per step: every operator dispatched pays Python and dispatcher cost
-        "cpu_ops_per_env_step": _count(trace, ("cpu_op",)) / env_steps,
+        "cpu_ops_per_env_step": _count(trace, ("cpu_op",)) / env_steps if env_steps else None,
     }
     if has_gpu:
         summary.update(_gpu_event_counts(trace, epochs, env_steps))
@@ -69,9 +76,9 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
     return summary
 
 
-def _range_totals(trace: dict, category: str) -> dict[str, float]:
-    """Each phase's range time: every step-by-step phase, and a whole call's phase where the trace has one."""
-    totals = dict.fromkeys(PHASES, 0.0)
+def _range_totals(trace: dict, category: str, phases: tuple[str, ...]) -> dict[str, float]:
+    """Each of `phases`' range time, and a whole call's phase where the trace has one."""
+    totals = dict.fromkeys(phases, 0.0)
     for event in trace_events.complete_events(trace, category):
         if event["name"] in totals or event["name"] in GRAPH_PHASES:
             totals[event["name"]] = totals.get(event["name"], 0.0) + event["dur"]

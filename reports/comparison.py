@@ -22,6 +22,12 @@ def sps_per_gpu(sps: float, config: dict) -> float:
     return sps / config["world_size"] if config["device"].startswith("cuda") else np.nan
 
 
+def across_machines(point_key: str, config: dict) -> str:
+    """A point's identity on two machines: as verdicts match points, less the device, which each machine runs a
+    suite on its own, and less a command point's command, which its settings make (the device among them)."""
+    return match_key(point_key, config, (*fields_with(MACHINE), "command"))
+
+
 def side_points(run: RunData) -> dict[str, dict]:
     """The run's measured points by configuration: label, config, median SPS and phase shares."""
     table = point_table(run).set_index("point_key")
@@ -31,8 +37,7 @@ def side_points(run: RunData) -> dict[str, dict]:
     for point in run.points.itertuples():
         label = table.at[point.point_key, "label"]
         if point.status == "ok" and label in shares.index:
-            # two machines run a suite each on their own devices: the device is not part of a point's identity
-            key = match_key(point.point_key, point.config, fields_with(MACHINE))
+            key = across_machines(point.point_key, point.config)
             points[key] = {"label": label, "point_key": point.point_key, "config": point.config,
                            "sps": table.at[point.point_key, "sps_median"],
                            "shares": shares.loc[label]}

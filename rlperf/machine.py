@@ -154,6 +154,18 @@ def git_state() -> dict[str, Any]:
         return {"commit": None, "dirty": None, "unavailable": f"git: {exc}"}
 
 
+def commit_state(commit: str, ref: str | None = None) -> dict[str, Any]:
+    """The fingerprint's `git` of a run that measured `commit` checked out clean (the gate's baseline, bisect's,
+    confirm's): named as `git_state` names the working tree's, with the repository of a suite of commands, and the
+    `ref` it was asked by, if any."""
+    state: dict[str, Any] = {"commit": commit, "dirty": False}
+    if ref is not None:
+        state["ref"] = ref
+    if measured_repository() != REPO_ROOT:
+        state["repository"] = str(measured_repository())
+    return state
+
+
 def nvml_gpus() -> list[dict[str, Any]] | str:
     """Every GPU NVML sees (NVML ignores CUDA_VISIBLE_DEVICES), or "unavailable: <why>"."""
     try:

@@ -21,7 +21,9 @@ stream, read once an epoch after one synchronisation, so queued GPU work is char
 it and nothing inside an epoch waits for the device. The first epochs are warm-up (RLPERF_WARMUP_EPOCHS,
 default 1). RLPERF_INJECT_DELAY (`learn=40,env=10`, milliseconds) sleeps inside a phase once an epoch, for
 `rlperf selfcheck`. Only when RLPERF_SUMMARY names a path does anything get timed: the summary
-(rlperf/summary.py) is written there at exit or at `finish()`; otherwise every call returns at once.
+(rlperf/summary.py) is written there at exit or at `finish()`; otherwise every call returns at once. With
+RLPERF_TRACE naming a file (`rlperf profile`), the first RLPERF_TRACE_EPOCHS steady epochs are traced with
+torch.profiler, each phase a named range, as the reference trainer traces its own.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ DELAY_VARIABLE = "RLPERF_INJECT_DELAY"
 WARMUP_VARIABLE = "RLPERF_WARMUP_EPOCHS"
 # The process that owns the summary: subprocesses that inherit the environment (env workers) time nothing.
 OWNER_VARIABLE = "RLPERF_PHASES_OWNER"
+TRACE_VARIABLE = "RLPERF_TRACE"
+TRACE_EPOCHS_VARIABLE = "RLPERF_TRACE_EPOCHS"
 MAX_DELAY_MS = 60_000.0
 # the rollout's phases outside `env`, the policy's side of "Which side waits" (as the reference trainer's)
 ROLLOUT_POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
@@ -72,6 +76,12 @@ def parse_delays(text: str) -> dict[str, float]:
 def parse_warmup(text: str) -> int:
     if not text.isdigit():
         raise PhaseError(f"{WARMUP_VARIABLE}: must be a whole number of 0 or more (got {text!r})")
+    return int(text)
+
+
+def parse_trace_epochs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise PhaseError(f"{TRACE_EPOCHS_VARIABLE}: must be a whole number of 1 or more (got {text!r})")
     return int(text)
 
 
@@ -268,6 +278,155 @@ class PhaseClock:
         return True
 
 
+class TracedPhaseClock(PhaseClock):
+    """A clock that also traces its first `trace_epochs` steady epochs with torch.profiler into `trace_path` (a
+    Chrome trace), each segment of an epoch a range named by its phase (`other` included), and keeps their
+    `timeline` (phase, start and end in unix ns), as the reference trainer's traced epochs do: what `rlperf
+    profile` reads. The profiler starts between the warm-up and the first steady epoch and steps at each epoch's
+    end, so its start-up lands in no epoch; a traced run's SPS is never used."""
+
+    def __init__(self, trace_path: str, trace_epochs: int = 1, **settings: Any):
+        super().__init__(**settings)
+        self.trace_path = trace_path
+        self.trace_epochs = trace_epochs
+        self.profiler: Any = None
+        self.traced = 0  # epochs traced so far
+        self.trace_written = False
+        self.range: Any = None  # the range open now
+        self.range_labels: list[str] = []  # the label of every range opened, relabelled as their marks are
+        self.epoch_ranges = 0  # where this epoch's ranges start in range_labels
+        self.epoch_marks_ns: list[tuple[str, int]] = []  # this epoch's marks, while traced: label, unix ns
+        self.timeline: list[list] = []
+        self.closing = False  # an epoch is ending: its end stamp opens no range
+        self.cut: int | None = None
+        self.end_ns = 0
+        self.renamed = False
+
+    @property
+    def tracing(self) -> bool:
+        return self.profiler is not None and self.traced < self.trace_epochs
+
+    def stamp(self):
+        if self.tracing and not self.closing:
+            label = self.stack[-1] if self.stack else OTHER
+            self.open_range(label)
+            self.epoch_marks_ns.append((label, time.time_ns()))
+        return super().stamp()
+
+    def open_range(self, label: str) -> None:
+        import torch
+
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
+        self.range = torch.profiler.record_function(label)
+        self.range.__enter__()
+        self.range_labels.append(label)
+
+    def close_range(self) -> None:
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
+            self.range = None
+
+    def begin_epoch(self) -> None:
+        if self.closing:  # the traced epoch that just ended: its ranges and its profiler step end too
+            self.closing = False
+            self.close_traced_epoch()
+        if self.profiler is None and self.traced == 0 and self.trace_path and len(self.epochs) >= self.warmup_epochs:
+            self.start_profiler()
+        self.epoch_ranges = len(self.range_labels)
+        self.epoch_marks_ns = []
+        super().begin_epoch()
+
+    def end_epoch(self, cut: int | None = None) -> None:
+        if self.tracing:
+            self.closing, self.cut, self.end_ns = True, cut, time.time_ns()
+        super().end_epoch(cut)
+
+    def close_traced_epoch(self) -> None:
+        self.close_range()
+        marks = self.epoch_marks_ns if self.cut is None else self.epoch_marks_ns[:self.cut]
+        end_ns = self.end_ns if self.cut is None else self.epoch_marks_ns[self.cut][1]
+        stops = [ns for _, ns in marks[1:]] + [end_ns]
+        self.timeline += [[label, start, stop] for (label, start), stop in zip(marks, stops)]
+        self.epochs[-1]["traced"] = True
+        self.traced += 1
+        self.profiler.step()  # the schedule's last active step writes the trace
+        if self.traced == self.trace_epochs:
+            self.stop_profiler()
+
+    def relabel(self, first_mark: int, old: str, new: str) -> None:
+        super().relabel(first_mark, old, new)
+        for index in range(first_mark, len(self.epoch_marks_ns)):
+            label, ns = self.epoch_marks_ns[index]
+            if label == old:
+                self.epoch_marks_ns[index] = (new, ns)
+                self.range_labels[self.epoch_ranges + index] = new
+                self.renamed = True
+
+    def start_profiler(self) -> None:
+        try:
+            import torch
+        except ImportError:
+            sys.stderr.write(f"rlperf.phases: no trace written: {TRACE_VARIABLE} asks for one, and this "
+                             "interpreter has no torch\n")
+            self.trace_path = ""
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda_initialized():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(
+            activities=activities, on_trace_ready=self.export,
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.trace_epochs, repeat=1))
+        self.profiler.start()
+        self.profiler.step()  # the schedule's warm-up step, taken outside every epoch
+
+    def stop_profiler(self) -> None:
+        """Stops the profiler (it writes what it recorded, if it has not yet)."""
+        if self.profiler is not None:
+            self.close_range()
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
+            self.traced = self.trace_epochs
+
+    def export(self, profiler: Any) -> None:
+        profiler.export_chrome_trace(self.trace_path)
+        if self.renamed:
+            rename_ranges(self.trace_path, self.range_labels)
+        self.trace_written = True
+
+    def summary(self) -> RunSummary:
+        summary = super().summary()
+        if self.trace_written:
+            summary.trace, summary.timeline = self.trace_path, self.timeline
+        return summary
+
+    def write(self, path: str) -> bool:
+        self.stop_profiler()  # a run that ended before its traced epochs did: what was recorded
+        return super().write(path)
+
+
+def rename_ranges(path: str, labels: list[str]) -> None:
+    """Gives the phase ranges of a written trace, in the order they were opened, the labels their marks took
+    later (attach's forward opened as training that turned out to be acting). A trace whose phase ranges are
+    not those opened is left as written."""
+    import gzip
+    import json
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as file:
+        trace = json.load(file)
+    names = {*PHASES, OTHER}
+    ranges = sorted((event for event in trace.get("traceEvents", [])
+                     if event.get("ph") == "X" and event.get("cat") == "user_annotation" and event.get("name") in names),
+                    key=lambda event: event["ts"])
+    if len(ranges) != len(labels):
+        return
+    for event, label in zip(ranges, labels):
+        event["name"] = label
+    with opener(path, "wt") as file:
+        json.dump(trace, file)
+
+
 def cuda_initialized() -> bool:
     """Whether the process has a CUDA context (asked only once torch is imported)."""
     import torch
@@ -367,11 +526,15 @@ def active() -> bool:
 
 
 def start(path: str, writer: str = "phases", environ: dict[str, str] | None = None) -> PhaseClock:
-    """Starts timing this process's phases, the summary to be written to `path`."""
+    """Starts timing this process's phases, the summary to be written to `path` (and its steady epochs traced,
+    where the environment names a trace)."""
     global _clock, _path
     environ = os.environ if environ is None else environ
-    _clock = PhaseClock(writer, parse_warmup(environ.get(WARMUP_VARIABLE, "1")),
-                        parse_delays(environ.get(DELAY_VARIABLE, "")))
+    settings = {"writer": writer, "warmup_epochs": parse_warmup(environ.get(WARMUP_VARIABLE, "1")),
+                "delays_ms": parse_delays(environ.get(DELAY_VARIABLE, ""))}
+    trace = environ.get(TRACE_VARIABLE)
+    _clock = (TracedPhaseClock(trace, parse_trace_epochs(environ.get(TRACE_EPOCHS_VARIABLE, "1")), **settings)
+              if trace else PhaseClock(**settings))
     _path = path
     os.environ[OWNER_VARIABLE] = str(os.getpid())
     atexit.register(finish)

@@ -62,11 +62,16 @@ def _arm_then_exec(argv: list[str]) -> None:
     os.execvp(command[0], command)
 
 
-def run_to_completion(command: list[str]) -> int:
-    """Runs a child that dies with this process to its end; on Ctrl-C the child is ended first."""
-    child = spawn(command)
+def run_to_completion(command: list[str], timeout_s: float | None = None, **popen_options) -> int:
+    """Runs a child that dies with this process to its end (Popen's options, `cwd` and `env` included, as given);
+    on Ctrl-C the child is ended first; past `timeout_s` it is killed, with what it started, and 124 returned."""
+    child = spawn(command, **({"start_new_session": True} if timeout_s is not None else {}), **popen_options)
     try:
-        return child.wait()
+        return child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        return 124
     except KeyboardInterrupt:
         child.terminate()
         try:

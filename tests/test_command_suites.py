@@ -13,11 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from projectrepo import GIT_ENV, commit, git, project_repo
+from projectrepo import GIT_ENV, commit, git, note, project_repo
 
 from benches import suite as suites
 from rlperf.errors import BadInput
-from rlperf.store import Store
+from rlperf.store import PointRecord, Store, utc_now
 
 # A user's training loop: pure Python, its phases marked through rlperf.phases, its step times slept.
 TRAIN = textwrap.dedent("""
@@ -35,7 +35,7 @@ TRAIN = textwrap.dedent("""
     if args.mode == "hang":
         time.sleep(600)
     phases.configure(n_envs=args.n_envs)
-    for epoch in range(6):
+    for epoch in range(4):
         for step in range(4):
             if args.mode != "nophase":
                 with phases.phase("eval_forward"):
@@ -87,9 +87,12 @@ def test_a_command_suite_substitutes_its_axes_into_each_points_command(tmp_path)
 @pytest.mark.parametrize("text, line", [
     ('command = ["python", "{seeds}"]\n[axes]\nnum_envs = [1]', "command[1]: {seeds} names no setting of the suite"),
     ('command = ["python"]\n[fixed]\ndevice = "tpu"', "fixed.device: must be a device: cpu, cuda or cuda:N"),
-    ('command = ["python"]\nprofile = true', "profile: a suite of commands has no traced run"),
     ('attach = false\n[axes]\nnum_envs = [1]', "attach: belongs to a suite of commands: set `command` too"),
     ('command = "python train.py"', "command: must be a trainer's command as a list of strings"),
+    ('command = ["python", "{s}"]\n[fixed]\ns = "a.py"\n[against]\nseed = 2', "against.seed: names no setting of "
+                                                                            "the suite (allowed: s)"),
+    ('command = ["python"]\n[fixed]\ndevice = "cpu"\n[against]\ndevice = "cuda"',
+     "against.device: both sides of a pair compute on one device"),
 ])
 def test_a_bad_command_suite_is_one_line_naming_its_key(tmp_path, text, line):
     path = tmp_path / "bad.toml"
@@ -114,10 +117,11 @@ SWEEP = textwrap.dedent("""
     attach = false
     repeats = 1
     sample_hz = 0
-    timeout_s = 6
+    timeout_s = 4
+    profile = true
     [[sweep]]
     python = ["%s"]
-    num_envs = [2, 8]
+    num_envs = [8]
     mode = ["ok"]
     [[sweep]]
     python = ["%s"]
@@ -142,41 +146,212 @@ def test_a_sweep_of_commands_is_stored_reported_and_keeps_its_failures_with_thei
         points = {row.point_key: row for row in store.points(run_id).itertuples()}
         samples = store.samples(run_id)
         fingerprint = store.fingerprint(run_id)
+        traces = store.traces(run_id)
     assert fingerprint["git"]["commit"] == git(repo, "rev-parse", "HEAD")  # the user's repository, not rlperf's
     ok = [point_key for point_key, row in points.items() if row.status == "ok"]
-    assert sorted(ok) == [key(mode="ok", num_envs=2), key(mode="ok", num_envs=8)], done.stdout + done.stderr
+    assert ok == [key(mode="ok", num_envs=8)], done.stdout + done.stderr
     crash, nophase, hang = (points[key(mode=mode, num_envs=2)] for mode in ("crash", "nophase", "hang"))
     missing = points[key("no-such-python", mode="ok", num_envs=2)]
     assert crash.status == "failed" and "exit code 1" in crash.reason and "lost its licence" in crash.reason
-    assert nophase.status == "failed" and "no phase was marked in 6 epochs" in nophase.reason
-    assert hang.status == "timeout" and hang.reason.startswith("repeat 1 of 1: killed after 6 s")
+    assert nophase.status == "failed" and "no phase was marked in 4 epochs" in nophase.reason
+    assert hang.status == "timeout" and hang.reason.startswith("repeat 1 of 1: killed after 4 s")
     assert missing.status == "failed" and "command: 'no-such-python' not found" in missing.reason
     summary = samples[samples["point_key"] == key(mode="ok", num_envs=8)]["summary"].iloc[0]
-    assert summary.writer == "phases" and summary.steady_steps == 5 * 4 * 8 and summary.config == {"n_envs": 8}
+    assert summary.writer == "phases" and summary.steady_steps == 3 * 4 * 8 and summary.config == {"n_envs": 8}
+    # profile = true: each point measured gets a traced run of its first steady epoch, its phases ranges in it
+    assert list(traces["point_key"]) == ok
+    traced = traces.iloc[0]
+    ranges = traced.summary["trace_summary"]["phases_host_us"]
+    assert ranges["learn"] >= 1e6 * 0.040 and ranges["env"] > 0 and traced.summary["trace_summary"]["env_steps"] == 32
     report = (tmp_path / "out" / run_id / "report" / "report.md").read_text()
     assert "Phase breakdown" in report and "Which side waits" in report and "No roofline for " in report
+    assert "## Traces" in report and traced.path in report
+
+
+PAIRED = textwrap.dedent("""
+    command = ["{python}", "{script}", "--n-envs", "4"]
+    attach = false
+    repeats = 4
+    sample_hz = 0
+    timeout_s = 60
+    [fixed]
+    python = "%s"
+    [axes]
+    script = ["train_same.py", "train_slow.py"]
+    [against]               # every point against the user's train.py
+    script = "train.py"
+""") % sys.executable
+
+
+def test_two_commands_compare_in_pairs_and_only_the_slower_one_is_found_regressed(tmp_path, rlperf_copy):
+    repo = user_repo(tmp_path, PAIRED)
+    (repo / "train_same.py").write_text(TRAIN)
+    (repo / "train_slow.py").write_text(TRAIN.replace("LEARN_S = 0.040", "LEARN_S = 0.060"))
+    commit(repo, "Two variants of the loop")
+    # alpha 0.3: 4 pairs a point can claim a change (0.5^4 under 0.3 / 2 points / 2 sides)
+    done = run_rlperf(repo, "bench", "--suite", "suite.toml", "--out", "../out", "--alpha", "0.3", timeout=300,
+                      rlperf_copy=rlperf_copy)
+    assert done.returncode == 1, done.stdout + done.stderr  # a regression found
+    with Store.open(tmp_path / "out" / "results.sqlite", readonly=True) as store:
+        runs = store.runs()
+        ref_run, new_run = runs["run_id"]
+        assert [f["against"]["side"] for f in runs["fingerprint"]] == ["ref", "suite"]
+        assert runs["fingerprint"].iloc[0]["against"]["settings"] == {"script": "train.py"}
+        # each side stored with the config it ran: the reference's is train.py for every point
+        ran = {run_id: {row.point_key: row.config["command"][1] for row in store.points(run_id).itertuples()}
+               for run_id in (ref_run, new_run)}
+        assert ran[ref_run] == {'{"script":"train_same.py"}': "train.py", '{"script":"train_slow.py"}': "train.py"}
+        assert ran[new_run] == {'{"script":"train_same.py"}': "train_same.py",
+                                '{"script":"train_slow.py"}': "train_slow.py"}
+    verdicts = {}  # the report's first table: the verdicts
+    for line in (tmp_path / "out" / new_run / "report" / "report.md").read_text().splitlines():
+        if line.startswith("| script="):
+            verdicts.setdefault(line.split("|")[1].strip(), line.split("|")[2].strip())
+    assert verdicts["script=train_slow.py"] == "regressed", verdicts
+    assert verdicts["script=train_same.py"] in ("unchanged", "inconclusive"), verdicts
+
+
+def test_a_suite_with_against_is_refused_by_the_gate_in_one_line(tmp_path, monkeypatch, capsys):
+    from command.cli import main
+    from rlperf.machine import REPOSITORY_VARIABLE
+
+    repo = user_repo(tmp_path, PAIRED)
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv(REPOSITORY_VARIABLE, "")  # loading the suite names its repository: for this test alone
+    assert main(["gate", "--suite", "suite.toml", "--baseline", "HEAD", "--out", "../out"]) == 2
+    assert capsys.readouterr().err == (
+        "rlperf gate: error: suite.toml: against: the suite measures each point in pairs against its [against] "
+        "settings, which `rlperf bench --suite suite.toml` does, not the gate, which compares commits (allowed: a "
+        "suite without [against])\n")
+
+
+# ---- a user's repository with a history: the gate, bisect, confirm and compare on it ------------------------------
+
+LEARN_SLOWED = "LEARN_S = 0.044"  # a tenth slower
+
+
+@pytest.fixture(scope="module")
+def rlperf_copy(tmp_path_factory) -> Path:
+    """tests/projectrepo.py's copy of rlperf, whose interference monitor counts every repeat as quiet: a shared test
+    machine is busy, and in these tests the speeds must decide."""
+    return project_repo(tmp_path_factory.mktemp("rlperf"))
+
+
+@pytest.fixture(scope="module")
+def slowed_repo(tmp_path_factory) -> Path:
+    """A user's repository of three commits, checked out at the last: the loop and its suite, a note, then the
+    learn step slowed by a tenth."""
+    repo = user_repo(tmp_path_factory.mktemp("slowed"), suite_text("num_envs = [4]", timeout_s=60))
+    note(repo, "the learn step is next")
+    commit(repo, "Note what comes next")
+    train = repo / "train.py"
+    train.write_text(train.read_text().replace("LEARN_S = 0.040", LEARN_SLOWED))
+    commit(repo, "Slow the learn step by a tenth")
+    return repo
 
 
 @pytest.mark.timeout(400)
-def test_the_gate_fails_a_commit_that_slows_a_users_learn_step_by_ten_percent_and_names_it(tmp_path):
-    repo = user_repo(tmp_path, suite_text("num_envs = [4]", timeout_s=60))
-    # a shared test machine is busy: this copy of rlperf counts every pair as quiet, so the speeds decide
-    rlperf_copy = project_repo(tmp_path)
-    gate = ("gate", "--suite", "suite.toml", "--baseline", "HEAD", "--max-repeats", "8", "--screen-pairs", "4",
-            "--refine-points", "0")
-    clean = run_rlperf(repo, *gate, "--out", "../clean", timeout=380, rlperf_copy=rlperf_copy)
+def test_the_gate_fails_a_commit_that_slows_a_users_learn_step_by_ten_percent_and_names_it(slowed_repo,
+                                                                                           rlperf_copy):
+    repo = slowed_repo
+    gate = ("gate", "--suite", "suite.toml", "--max-repeats", "8", "--screen-pairs", "4", "--refine-points", "0")
+    clean = run_rlperf(repo, *gate, "--baseline", "HEAD", "--out", "../clean", timeout=380, rlperf_copy=rlperf_copy)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout.strip().splitlines()[-1].startswith("gate: no point got slower")
-    train = repo / "train.py"
-    train.write_text(train.read_text().replace("LEARN_S = 0.040", "LEARN_S = 0.044"))
-    slowed = run_rlperf(repo, *gate, "--out", "../slowed", timeout=380, rlperf_copy=rlperf_copy)
+    slowed = run_rlperf(repo, *gate, "--baseline", "HEAD~2", "--out", "../slowed", timeout=380,
+                        rlperf_copy=rlperf_copy)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
     last = slowed.stdout.strip().splitlines()[-1]
     # the phase named: learn's time per step grew, and no other phase's
     assert last.startswith("gate: regressed: num_envs=4 -") and last.endswith(" (learn grew)"), last
-    with Store.open(tmp_path / "slowed" / "results.sqlite", readonly=True) as store:
+    with Store.open(repo.parent / "slowed" / "results.sqlite", readonly=True) as store:
         runs = store.runs()
         screen_new = next(row.run_id for row in runs.itertuples()
                           if row.fingerprint["gate"]["stage"] == "screen" and row.fingerprint["gate"]["side"] == "new")
-        assert {row.fingerprint["git"]["commit"] for row in runs.itertuples()} == {git(repo, "rev-parse", "HEAD")}
-    assert last in (tmp_path / "slowed" / screen_new / "report" / "report.md").read_text()
+        # the user's repository's commits, not rlperf's
+        assert {row.fingerprint["git"]["commit"] for row in runs.itertuples()} == \
+            {git(repo, "rev-parse", "HEAD"), git(repo, "rev-parse", "HEAD~2")}
+    assert last in (repo.parent / "slowed" / screen_new / "report" / "report.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def bisected(slowed_repo, rlperf_copy) -> tuple[subprocess.CompletedProcess, Path]:
+    """`rlperf bisect` of the slowed repository's three commits: its output and its store."""
+    done = run_rlperf(slowed_repo, "bisect", "HEAD~2", "HEAD", "--suite", "suite.toml", "--out", "../bisect",
+                      "--max-repeats", "6", "--alpha", "0.2", timeout=300, rlperf_copy=rlperf_copy)
+    return done, slowed_repo.parent / "bisect" / "results.sqlite"
+
+
+@pytest.mark.timeout(400)
+def test_bisect_names_the_commit_of_a_users_repository_that_slowed_its_learn_step(bisected, slowed_repo):
+    done, store_path = bisected
+    assert done.returncode == 0, done.stdout + done.stderr
+    slowed = git(slowed_repo, "rev-parse", "--short=7", "HEAD")
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f'first bad commit: {slowed} "Slow the learn step by a tenth" -'), last
+    with Store.open(store_path, readonly=True) as store:
+        commits = {row.fingerprint["git"]["commit"] for row in store.runs().itertuples()}
+    assert commits == {git(slowed_repo, "rev-parse", ref) for ref in ("HEAD", "HEAD~1", "HEAD~2")}
+
+
+def history_of(bisect_store: Path, path: Path) -> None:
+    """A store whose history has a change point, made of the bisection's own processes: GOOD's samples as runs of
+    one process each at GOOD's commit, then BAD's at BAD's, in the order and with the fingerprints the bench
+    gives such runs (what `rlperf bench` would store night after night, without measuring it all again)."""
+    with Store.open(bisect_store, readonly=True) as store:
+        runs = store.runs()
+        sides = {"good": [], "probe": []}
+        for row in runs.itertuples():
+            step = row.fingerprint["bisect"]
+            if step["step"] == 1 or step["side"] == "good":
+                point = store.points(row.run_id).iloc[0]
+                sides[step["side"]] += [(row, point, summary) for summary in store.samples(row.run_id)["summary"]]
+    with Store.open(path) as history:
+        for row, point, summary in sides["good"] + sides["probe"]:
+            fingerprint = {name: value for name, value in row.fingerprint.items() if name not in ("bisect", "pairing")}
+            run_id = history.create_run(row.suite, row.suite_hash, fingerprint, row.machine_key, "a night")
+            summary.pair = None
+            history.record_point(run_id, PointRecord(point.point_key, point.config, "ok", utc_now(), 1.0,
+                                                     samples=[(0, summary)]))
+            history.finish_run(run_id, "complete")
+
+
+def test_confirm_measures_again_the_commits_either_side_of_a_command_suites_change_point(bisected, slowed_repo,
+                                                                                        rlperf_copy, tmp_path):
+    _, bisect_store = bisected
+    history = tmp_path / "history.sqlite"
+    history_of(bisect_store, history)
+    done = run_rlperf(slowed_repo, "confirm", str(history), "--out", str(tmp_path / "logs"), "--max-repeats", "6",
+                      "--alpha", "0.2", timeout=300, rlperf_copy=rlperf_copy)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("num_envs=4 at ") and ": confirmed: -" in line, done.stdout
+    with Store.open(history, readonly=True) as store:
+        confirmations = [row for row in store.runs().itertuples() if "confirms" in row.fingerprint]
+    # the user's repository's two commits, checked out and measured in pairs
+    assert sorted(row.fingerprint["git"]["commit"] for row in confirmations) == \
+        sorted(git(slowed_repo, "rev-parse", ref) for ref in ("HEAD", "HEAD~2"))
+
+
+def test_compare_matches_a_command_point_across_devices_by_its_settings(tmp_path):
+    from reports.comparison import across_machines
+
+    path = tmp_path / "s.toml"
+    path.write_text('command = ["python", "train.py", "--device", "{device}", "--n-envs", "{n}"]\n[axes]\nn = [4, 8]')
+    cpu, cuda = (suites.load(str(path), {"device": device}).points for device in ("cpu", "cuda"))
+    assert cpu[0].config["command"] != cuda[0].config["command"]
+    assert across_machines(cpu[0].key, cpu[0].config) == across_machines(cuda[0].key, cuda[0].config)
+    assert across_machines(cpu[0].key, cpu[0].config) != across_machines(cuda[1].key, cuda[1].config)
+
+
+def test_compare_shows_two_runs_of_a_command_suite_side_by_side(bisected, slowed_repo, rlperf_copy):
+    _, store_path = bisected
+    with Store.open(store_path, readonly=True) as store:
+        runs = store.runs()
+    good, slowed = runs["run_id"].iloc[0], runs["run_id"].iloc[1]  # the first step: GOOD, then BAD
+    done = run_rlperf(slowed_repo, "compare", f"{store_path}::{good}", f"{store_path}::{slowed}", "--label", "A=good",
+                      "--label", "B=slowed", "--out", "../compare", timeout=120, rlperf_copy=rlperf_copy)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "median steady SPS, good vs slowed" in done.stdout and "num_envs=4" in done.stdout
+    report = (slowed_repo.parent / "compare" / "report.md").read_text()
+    assert "Phase shares" in report or "phase" in report.lower()

@@ -139,6 +139,27 @@ def test_the_clock_reads_no_device_inside_an_epoch_on_the_cpu():
     assert clock.epochs[0]["phases"]["env"] >= 0.002
 
 
+def test_a_traced_epoch_names_each_range_by_the_phase_its_marks_ended_with(tmp_path):
+    import gzip
+
+    trace = tmp_path / "trace.json.gz"
+    clock = phases.TracedPhaseClock(str(trace), trace_epochs=1, warmup_epochs=1)
+    for epoch in range(3):  # a warm-up epoch, the traced one, one more
+        clock.enter("env")
+        clock.exit("env")
+        clock.steps(4)
+        clock.enter("train_forward", delay=False)  # opened as training, then found to be acting (attach's case)
+        clock.relabel(len(clock.marks) - 1, "train_forward", "eval_forward")
+        clock.exit("eval_forward")
+        clock.end_epoch()
+    assert [epoch.get("traced", False) for epoch in clock.epochs] == [False, True, False] and clock.trace_written
+    with gzip.open(trace, "rt") as file:
+        names = [event["name"] for event in sorted(json.load(file)["traceEvents"], key=lambda event: event["ts"])
+                 if event.get("ph") == "X" and event.get("cat") == "user_annotation"]
+    assert names == ["ProfilerStep#1", OTHER, "env", OTHER, "eval_forward", OTHER]
+    assert [label for label, _, _ in clock.summary().timeline] == [OTHER, "env", OTHER, "eval_forward", OTHER]
+
+
 @pytest.mark.gpu
 def test_on_cuda_queued_work_is_charged_to_the_phase_that_launched_it_with_one_sync_an_epoch_boundary(monkeypatch):
     import torch

@@ -163,7 +163,10 @@ def test_missing_pyspy_is_reported_without_a_run(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--no-timers"], "timers: rlperf profile needs the phase timers"),
-    (["--trace-dir", "x"], "unrecognized arguments: --trace-dir x"),
+    (["--trace-dir", "x"], "unrecognized arguments: --trace-dir"),
+    (["x"], "unrecognized arguments: x (a command to profile follows --)"),
+    (["--no-attach"], "no-attach: belongs to a command's profile (name one after --)"),
+    (["--num-envs", "8", "--", "python", "train.py"], "num-envs: a command's profile takes no trainer options"),
     (["--sample-hz", "0"], "argument --sample-hz: must be a number above 0 and at most 100"),
     (["--pyspy-rate", "0"], "argument --pyspy-rate: must be a whole number of 1 or more"),
     (["--num-envs", "0"], "num_envs: must be a positive number"),
