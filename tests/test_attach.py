@@ -89,11 +89,11 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert "torch.optim.optimizer.register_optimizer_step_post_hook" in summary.attached["hooks"]
 
 
-# one warm-up epoch and three steady ones each; SB3's policy wide enough that its glue stays under a tenth
+# one warm-up epoch and three steady ones each; the policies wide enough that their glue stays under a tenth
 SB3 = [sys.executable, "-m", "benches.trainers.sb3_ppo", "--updates", "4", "--n-envs", "16", "--n-steps", "64",
        "--batch-size", "256", "--n-epochs", "4", "--net", "256"]
-TORCHRL = [sys.executable, "-m", "benches.trainers.torchrl_ppo", "--updates", "4", "--n-envs", "4", "--n-steps",
-           "32", "--batch-size", "64", "--n-epochs", "2", "--net", "64"]
+TORCHRL = [sys.executable, "-m", "benches.trainers.torchrl_ppo", "--updates", "4", "--n-envs", "8", "--n-steps",
+           "64", "--batch-size", "256", "--n-epochs", "2", "--net", "128"]
 
 
 @pytest.mark.parametrize("library, command, own_count", [("stable_baselines3", SB3, "num_timesteps"),
