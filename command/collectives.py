@@ -57,16 +57,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_bytes is not None and args.max_bytes < args.min_bytes:
         raise BadInput(f"max_bytes: must be at least --min-bytes ({args.min_bytes}), got {args.max_bytes}")
-    if RANK_DIR_ENV in os.environ:
-        return run_launched_rank(args)
-    if "RANK" in os.environ:
-        return run_external_rank(args)
-    return run_launcher(args)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.max_bytes is not None and args.max_bytes < args.min_bytes:
-        raise BadInput(f"max_bytes: must be at least --min-bytes ({args.min_bytes}), got {args.max_bytes}")
     asked = Settings(args.world_size, args.backend, args.min_bytes, args.max_bytes, args.iters, args.warmup,
                      args.rank_timeout)
     if RANK_DIR_ENV in os.environ:

@@ -4,6 +4,7 @@ runs `python -m rlperf` from the copy, so the repository searched and the code t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,16 @@ def project_repo(root: Path) -> Path:
     note(repo, "# notes")
     commit(repo, "Add the trainer")
     return repo
+
+
+def plant_in_learn_step(repo: Path, line: str) -> None:
+    """Adds `line` to the copy's trainer right after its learn phase begins (before each minibatch's backward and
+    step); `cfg` is the run's TrainConfig there."""
+    update = repo / "reference_trainer" / "epoch_calls.py"
+    source = update.read_text()
+    learn = re.compile(r'^([ \t]*)enter\("learn"\)[ \t]*$', re.MULTILINE)
+    assert len(learn.findall(source)) == 1, "the learn phase's mark moved: update the plant's anchor"
+    update.write_text(learn.sub(lambda m: f"{m.group(0)}\n{m.group(1)}{line}", source, count=1))
 
 
 def environment(repo: Path, **extra: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
-from projectrepo import environment, git, project_repo, rlperf
+from projectrepo import environment, git, plant_in_learn_step, project_repo, rlperf
 
 from benches import suite as suites
 from benches.night import REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
@@ -399,11 +398,7 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     (tmp_path / "two.toml").write_text(TINY_POINTS)
     bad = rlperf(repo, "gate", "--suite", "missing.toml", "--baseline", "HEAD", timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("rlperf gate: error: suite:")
-    train = repo / "reference_trainer" / "train.py"
-    source = train.read_text()
-    learn = re.compile(r'^([ \t]*)\S*timer\.enter\("learn"\)[ \t]*$', re.MULTILINE)
-    assert len(learn.findall(source)) == 1, "the learn step's timer call moved: update the plant's anchor"
-    train.write_text(learn.sub(lambda m: f"{m.group(0)}\n{m.group(1)}{PLANT}", source, count=1))
+    plant_in_learn_step(repo, PLANT)
     done = rlperf(repo, "gate", "--suite", str(tmp_path / "two.toml"), "--baseline", "HEAD", "--max-repeats", "8",
                   "--out", "../out", timeout=880)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -428,7 +423,7 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     assert again.returncode == 1, again.stdout + again.stderr
     assert "gate: regressed: num_envs=24" in (tmp_path / "again" / "report.md").read_text()
     # the same code on both sides passes (exit 0); the stages were all seen above, so a screen of two pairs will do
-    train.write_text(source)
+    git(repo, "checkout", "--", ".")
     clean = rlperf(repo, "gate", "--suite", str(tmp_path / "two.toml"), "--baseline", "HEAD", "--max-repeats", "8",
                    "--screen-pairs", "2", "--refine-points", "0", "--out", "../clean", timeout=880)
     assert clean.returncode == 0, clean.stdout + clean.stderr

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from projectrepo import commit, project_repo, rlperf
+from projectrepo import commit, plant_in_learn_step, project_repo, rlperf
 
 from reference_trainer.config import PHASES
 from studies.changepoint_power import SHARES, history as simulated_history, synthetic_run
@@ -200,11 +200,7 @@ def planted(tmp_path_factory):
     for _ in range(RUNS_BEFORE):
         done = rlperf(repo, "bench", "--suite", "../tiny.toml", "--out", "../out", timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-    train = repo / "reference_trainer" / "train.py"
-    learn = re.compile(r'^([ \t]*)\S*timer\.enter\("learn"\)[ \t]*$', re.MULTILINE)
-    source = train.read_text()
-    assert len(learn.findall(source)) == 1, "the learn step's timer call moved: update the slowdown's anchor"
-    train.write_text(learn.sub(lambda m: f"{m.group(0)}\n{m.group(1)}{SLOWDOWN}", source, count=1))
+    plant_in_learn_step(repo, SLOWDOWN)
     commit(repo, "Slow the learn step")
     for _ in range(RUNS_AFTER):
         done = rlperf(repo, "bench", "--suite", "../tiny.toml", "--out", "../out", timeout=300)
