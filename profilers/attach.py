@@ -1,20 +1,5 @@
-"""What `rlperf attach` installs in the command it runs: phases found without a line of the command changed
-(docs/any-trainer.md says what is attributed, how, and what is not).
-
-- `env`: the step of an env base class, wrapped at class level as each class is defined (the base's
-  `__init_subclass__`, set by a post-import hook on the module that defines the base: an importlib meta path
-  finder), and on the base itself: Gymnasium's `VectorEnv.step`, stable-baselines3's `VecEnv.step`, TorchRL's
-  `EnvBase.step`. Only the outermost step counts: a vector env stepping its copies, or a wrapper its env, is one
-  step of `num_envs` (TorchRL: the batch size's elements) agent steps.
-- `eval_forward` / `train_forward`: torch's global module forward hooks through the warm-up epochs, then hooks on
-  the modules they found called outermost (the roots; a module first called outermost after the warm-up is not
-  seen, and its time is `other`); the outermost module call without grad
-  is acting (`eval_forward`, closed when the call returns); one with grad opens `train_forward`, which stays open
-  through the loss until the backward pass reaches that call's output (a tensor hook on it), where `learn`
-  begins. A module called inside an env step is the env's.
-- `learn`: from there to the end of the optimizer's step (torch's global optimizer step hooks; a step with no
-  backward seen opens it at the step).
-- epochs: an env step after an optimizer step begins the next epoch; the last ends with its last optimizer step.
+"""What `rlperf attach` installs in the command it runs: phases found without a line of the command changed.
+docs/any-trainer.md says what is attributed, how, and what is not.
 """
 
 from __future__ import annotations
@@ -61,9 +46,8 @@ class AttachState:
         self.learn_exit_mark: int | None = None
         self.classes_stepped: set[str] = set()
         self.hooks: list[str] = []
-        # Global module hooks make torch take its slow call path in every module, a few microseconds each: they
-        # run through the warm-up epochs only, finding the modules called outermost (the roots), which keep hooks
-        # of their own from then on, so that their submodules take the fast path again.
+        # Global module hooks make torch take its slow call path in every module: they run only until the first
+        # optimizer step, finding the modules called outermost (the roots), which keep hooks of their own.
         self.discovering = True
         self.roots: set[int] = set()
         self.global_handles: list[Any] = []
@@ -94,8 +78,6 @@ def wrap_step(function: Callable, attribute: str) -> Callable:
         if state.learned:  # the first env step after an update begins the next epoch
             state.learned = False
             clock.end_epoch()
-            if state.discovering and state.global_handles and len(clock.epochs) >= clock.warmup_epochs > 0:
-                end_discovery()
         close_train_forward(clock)
         clock.enter("env")
         try:
@@ -172,7 +154,8 @@ def root_hook(module, args, output) -> None:
 
 
 def end_discovery() -> None:
-    """The warm-up is over: the roots' own hooks take over from the global ones (at an env step: no call open)."""
+    """At the first optimizer step every root has been called (acting, values, the loss's forward): the roots' own
+    hooks take over from the global ones."""
     for handle in state.global_handles:
         handle.remove()
     state.global_handles = []
@@ -270,6 +253,8 @@ def optimizer_post_hook(optimizer, args, kwargs) -> None:
         state.learn_exit_mark = len(clock.marks) - 1
     state.learned = True
     state.opened = None
+    if state.discovering and state.global_handles and clock.warmup_epochs > 0 and state.depth == 0:
+        end_discovery()
 
 
 def attach_torch(torch_module) -> None:
@@ -340,7 +325,7 @@ def close_last_epoch() -> None:
 
 def attached_account() -> dict[str, Any]:
     return {"hooks": list(state.hooks), "env_classes": sorted(state.classes_stepped), "root_modules": len(state.roots),
-            "global_module_hooks_after_warmup": state.discovering,
+            "global_module_hooks_on": state.discovering,
             "phases": [name for name in PHASES if name in ("env", "eval_forward", "train_forward", "learn")]}
 
 

@@ -87,6 +87,8 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert summary.wall_seconds - sum(epoch["seconds"] for epoch in summary.epochs) >= 0.3
     assert summary.attached["env_classes"] == ["gymnasium.vector.sync_vector_env.SyncVectorEnv"]
     assert "torch.optim.optimizer.register_optimizer_step_post_hook" in summary.attached["hooks"]
+    # the global module hooks found the one root and were gone after the first optimizer step
+    assert summary.attached["root_modules"] == 1 and summary.attached["global_module_hooks_on"] is False
 
 
 # one warm-up epoch and three steady ones each; the policies wide enough that their glue stays under a tenth
