@@ -1,15 +1,6 @@
-"""PPO with an LSTM policy, timed phase by phase.
-
-Each epoch: a rollout of `horizon` steps over this rank's environments, stepped in `env_groups` groups in
-turn so that one group's env steps while the policy computes another's actions (stepping.py; env, eval_copy,
-eval_forward, eval_misc), then advantages and `update_epochs` passes of minibatches of whole sequences (train_misc,
-train_forward, learn), then one read of the epoch's statistics (log).
-
-Built for capture from the first line: every tensor the loops touch is preallocated with a fixed shape
-(experience.py), the policy step and the minibatch update (ppo.py) read and write only those tensors,
-statistics accumulate on the device and are read once per epoch, and the learning rate is a tensor updated
-in place. Where the run computes (rank, device, stream, precision, graphs) is devices.py; its trace is
-tracing.py; its summary is summary.py.
+"""PPO with an LSTM policy, timed phase by phase: each epoch a rollout in env groups, an update over whole
+sequences, one read of the statistics. Every tensor the loop touches is preallocated (experience.py), so any
+part of it can be captured; docs/trainer.md walks through it.
 """
 
 from __future__ import annotations
@@ -199,12 +190,8 @@ class Trainer:
         T, x = self.cfg.horizon, self.experience
         self.timer.enter("eval_misc")
         x.start_rollout()
-        # The copy stream waits for nothing here, though the last update read the buffers it writes: it copies
-        # only after the host has waited for this epoch's first actions, computed after that update.
-        # Each group's env step starts right after its own policy step and runs beside the other groups' policy
-        # steps and env steps. Where launch_step returns before the actions are on the host (non_blocking), the
-        # group's stepper waits for them in its own thread, so the host goes on to launch the next group: the
-        # device always has a step queued, and no group's env waits for another's.
+        # Each group's env step starts right after its own policy step and runs beside the other groups' (its
+        # stepper waits for non_blocking actions), so the device always has a step queued (docs/trainer.md).
         for group in range(len(self.envs)):
             self.launch_step(group, 0)
             self.start_env_step(group, 0)
@@ -261,12 +248,8 @@ class Trainer:
         self.timer.enter("env")
         next_obs, rewards, dones, valid = self.steppers[group].finish()
         self.timer.enter("eval_copy")
-        # No copy out of the staging buffers can still be running when the host refills them: the actions the
-        # envs just took were computed on the device from observation t, after the compute stream had waited
-        # for the copies out of these buffers that brought it in (on the same stream, or through obs_ready),
-        # and the host has waited for those actions. So the copies in never need to block the host: from
-        # pinned buffers they are asynchronous, and from pageable ones the driver has staged the data before
-        # it returns, with no stream synchronisation of torch's after it.
+        # Safe to refill: the actions just read were computed after the copies out of these buffers had landed
+        # (docs/trainer.md, GPU knobs), so the copies in never block the host.
         v.host_obs_array[:] = next_obs
         v.host_arrivals_array[:, 0] = rewards
         v.host_arrivals_array[:, 1] = dones

@@ -15,15 +15,8 @@
             loss.backward(); optimizer.step()
         phases.end_epoch()
 
-Phases tile each epoch: a mark closes the open segment and opens the next, what no phase claims is `other`,
-and a phase entered inside another takes the time until it exits. On CUDA a mark is an event on the current
-stream, read once an epoch after one synchronisation, so queued GPU work is charged to the phase that launched
-it and nothing inside an epoch waits for the device. The first epochs are warm-up (RLPERF_WARMUP_EPOCHS,
-default 1). RLPERF_INJECT_DELAY (`learn=40,env=10`, milliseconds) sleeps inside a phase once an epoch, for
-`rlperf selfcheck`. Only when RLPERF_SUMMARY names a path does anything get timed: the summary
-(rlperf/summary.py) is written there at exit or at `finish()`; otherwise every call returns at once. With
-RLPERF_TRACE naming a file (`rlperf profile`), the first RLPERF_TRACE_EPOCHS steady epochs are traced with
-torch.profiler, each phase a named range, as the reference trainer traces its own.
+Nothing is timed unless the harness names a summary path (RLPERF_SUMMARY); on CUDA a mark is an event read once
+an epoch, so GPU work is charged to the phase that launched it without a wait inside the epoch.
 """
 
 from __future__ import annotations

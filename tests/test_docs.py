@@ -1,23 +1,6 @@
-"""The docs cannot rot: every command README.md, docs/*.md and results/*/README.md show is parsed by the real
-argument parser it names, and every relative link and image resolves.
-
-A command is a line of a fenced code block (a shell block or one with no language), or an inline code span, that
-calls `rlperf ...` (also `python -m rlperf`, `.nox/bench/bin/rlperf`), `nox ...`, `python -m MODULE ...` or
-`torchrun ... -m MODULE ...`. `rlperf X` is parsed by the parser command/cli.py builds; `nox -s bench -- ARGS`
-by `rlperf bench`'s (noxfile.py hands them on), other sessions' ARGS are pytest's and only the session is
-checked; `python -m MODULE` by the module's `build_parser()`. An unknown subcommand, module or flag fails, and so
-does a value its parser's type or choices refuse. Reading the commands (docs/layout.md says the same):
-
-- a value that is or contains a word in capitals (`DIR`, `N`, `STORE::RUN`, `cuda:N`, `PHASE=MS`, `S.toml`)
-  is a placeholder: it stands for a value of the right type and is accepted wherever a value goes;
-- `[ ... ]` marks an optional part: the command is checked with every part, with none, and without each one;
-- `A|B` inside a value means each alternative is checked;
-- `...` stands for more arguments and ends the checking of that command (missing required arguments are then
-  no error); an inline code span is read as if it ended in `...`;
-- a line whose second word ends in `:` (`rlperf doctor: error: ...`) is a command's output, not a command;
-- a line ending in `\\` continues on the next; `# ...` comments, `VAR=x` assignments before the command, a
-  `$ ` prompt and redirections are dropped; `&&`, `||`, `;` and ` | ` separate commands.
-"""
+"""The docs cannot rot: every command README.md, docs/*.md and results/*/README.md show (in a shell block, a
+block with no language, or an inline span) is parsed by the real argument parser it names, read by the rules
+docs/layout.md states, and every relative link and image resolves."""
 
 from __future__ import annotations
 
