@@ -16,19 +16,19 @@ if [ "$kind" = slowed ]; then
   tree=$out/checkout
   [ -d "$tree" ] || git -C "$repo" worktree add --detach "$tree" HEAD -q
   git -C "$tree" checkout -q -- .
-  "$python" - "$tree/reference_trainer/train.py" "$spin" <<'PY'
+  "$python" - "$tree/reference_trainer/epoch_calls.py" "$spin" <<'PY'
 import re, sys
 from pathlib import Path
-train, spin = Path(sys.argv[1]), sys.argv[2]
-learn = re.compile(r'^([ \t]*)\S*timer\.enter\("learn"\)[ \t]*$', re.MULTILINE)
+update, spin = Path(sys.argv[1]), sys.argv[2]
+learn = re.compile(r'^([ \t]*)enter\("learn"\)[ \t]*$', re.MULTILINE)
 def plant(match: re.Match) -> str:
     pad = match.group(1)
     return (f"{match.group(0)}\n{pad}if cfg.num_envs == 32:  # planted: only this point spins\n"
             f"{pad}    _until = __import__('time').perf_counter() + {spin}\n"
             f"{pad}    while __import__('time').perf_counter() < _until: pass")
-source = train.read_text()
-assert len(learn.findall(source)) == 1, "the learn step's timer call moved"
-train.write_text(learn.sub(plant, source, count=1))
+source = update.read_text()
+assert len(learn.findall(source)) == 1, "the learn phase's mark moved"
+update.write_text(learn.sub(plant, source, count=1))
 PY
 fi
 cd "$tree"
