@@ -33,8 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="write the run's summary here (docs/results-format.md); by default it is only shown")
     parser.add_argument("--warmup-epochs", type=int, default=1, help="epochs left out as warm-up (default 1)")
     parser.add_argument("--inject-delay", type=inject_delay, action="append", default=[], metavar="PHASE=MS",
-                        help="sleep MS milliseconds inside PHASE once an epoch, to check the attribution (default: none)")
-    parser.add_argument("--timeout", type=float, default=None, help="end the command after this many seconds (default: no limit)")
+                        help="sleep MS milliseconds inside PHASE once an epoch, to check the attribution "
+                             "(default: none)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="end the command after this many seconds (default: no limit)")
     parser.add_argument("--no-attach", action="store_true",
                         help="hooks off: the command marks its own phases through rlperf.phases (default: hooks on)")
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
