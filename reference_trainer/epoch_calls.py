@@ -47,6 +47,24 @@ def update_pass(cfg: TrainConfig, x: Experience, stats: torch.Tensor, forward: C
             learn()
 
 
+def policy_step(view, step: Callable[[], None], t: int, enter: Callable[[str], None] = nothing) -> None:
+    """One env group's policy step on observation t, its action, log-prob and value stored at t; `enter` marks
+    where the stores begin (the trainer's eval_misc)."""
+    view.step_obs.copy_(view.obs_at[t])
+    view.step_start.copy_(view.starts_at[t])
+    step()
+    enter("eval_misc")
+    view.actions_at[t].copy_(view.step_action)
+    view.logprobs_at[t].copy_(view.step_logprob)
+    view.values_at[t].copy_(view.step_value)
+
+
+def device_env_step(view, env, t: int) -> None:
+    """One group's env stepped on the device on the actions of step t, into the slots of step t + 1."""
+    env.step_into(view.actions_at[t], view.obs_at[t + 1], view.rewards_at[t], view.dones_at[t])
+    view.starts_at[t + 1].copy_(view.dones_at[t])
+
+
 def bootstrap_value(x: Experience, steps: list[Callable[[], None]]) -> None:
     """The critic's value of observation T, left in `step_value` by the groups' whole policy steps.
 
@@ -80,15 +98,9 @@ class WholeRollout:
         x.start_rollout()
         for t in range(self.horizon):
             for view, step in zip(x.groups, self.steps):
-                view.step_obs.copy_(view.obs_at[t])
-                view.step_start.copy_(view.starts_at[t])
-                step()
-                view.actions_at[t].copy_(view.step_action)
-                view.logprobs_at[t].copy_(view.step_logprob)
-                view.values_at[t].copy_(view.step_value)
+                policy_step(view, step, t)
             for view, env in zip(x.groups, self.envs):
-                env.step_into(view.actions_at[t], view.obs_at[t + 1], view.rewards_at[t], view.dones_at[t])
-                view.starts_at[t + 1].copy_(view.dones_at[t])
+                device_env_step(view, env, t)
         bootstrap_value(x, self.steps)
 
 

@@ -16,7 +16,8 @@ import torch
 from reference_trainer.config import ConfigError, TrainConfig, cnn_refusal
 from reference_trainer.devices import Autocast, DeviceCalls, Rank, open_compute_stream, training_device
 from reference_trainer.envs import make_env_groups
-from reference_trainer.epoch_calls import LearningRateSchedule, WholeRollout, WholeUpdate, bootstrap_value, update_pass
+from reference_trainer.epoch_calls import (LearningRateSchedule, WholeRollout, WholeUpdate, bootstrap_value,
+                                           device_env_step, policy_step, update_pass)
 from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep
@@ -210,13 +211,7 @@ class Trainer:
         """Queues one group's policy step on observation t, and the copy of its actions to the host."""
         v = self.experience.groups[group]
         self.timer.enter("eval_forward")
-        v.step_obs.copy_(v.obs_at[t])
-        v.step_start.copy_(v.starts_at[t])
-        self.calls.steps[group]()
-        self.timer.enter("eval_misc")
-        v.actions_at[t].copy_(v.step_action)
-        v.logprobs_at[t].copy_(v.step_logprob)
-        v.values_at[t].copy_(v.step_value)
+        policy_step(v, self.calls.steps[group], t, self.timer.enter)
         if self.env_on_device:
             return
         self.timer.enter("eval_copy")
@@ -242,8 +237,7 @@ class Trainer:
         v, masked = self.experience.groups[group], self.experience.masked
         if self.env_on_device:
             self.timer.enter("env")
-            self.envs[group].step_into(v.actions_at[t], v.obs_at[t + 1], v.rewards_at[t], v.dones_at[t])
-            v.starts_at[t + 1].copy_(v.dones_at[t])
+            device_env_step(v, self.envs[group], t)
             return
         self.timer.enter("env")
         next_obs, rewards, dones, valid = self.steppers[group].finish()
