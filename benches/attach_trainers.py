@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from profilers.command_check import ATTACHED_PHASES, command_runs, command_summary
+from rlperf.summary import RunSummary
 
 TRAINERS = {
     "sb3": ([sys.executable, "-m", "benches.trainers.sb3_ppo", "--n-envs", "16", "--n-steps", "128",
@@ -29,7 +31,7 @@ TIMEOUT_S = 600.0
 def measure(name: str) -> dict:
     command, own_key = TRAINERS[name]
     started = time.monotonic()
-    outputs: dict[str, str] = {}
+    outputs: dict[str, RunSummary] = {}
 
     def run(label: str, delays: dict[str, float]):
         summary = command_summary(command, delays, True, TIMEOUT_S)
@@ -39,8 +41,6 @@ def measure(name: str) -> dict:
 
     shares = command_runs(command, DELAY_MS, ATTACHED_PHASES, True, TIMEOUT_S, run)
     plain = outputs["baseline"]
-    import subprocess
-
     own = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
     return {
         "command": command, "delay_ms": DELAY_MS,

@@ -4,7 +4,14 @@ without the attach, those its loop marks through rlperf.phases."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
+from profilers.attach_command import run_attached
 from reference_trainer import attribution
+from rlperf.errors import MachineFault
+from rlperf.summary import RunSummary
 
 ATTACHED_PHASES = ("env", "eval_forward", "train_forward", "learn")
 
@@ -36,16 +43,8 @@ def shares_of(baseline, delayed, phases: tuple[str, ...], delay_ms: float) -> di
 
 
 def command_summary(command: list[str], delays: dict[str, float], attach: bool, timeout_s: float,
-                    warmup_epochs: int = 1):
+                    warmup_epochs: int = 1) -> RunSummary:
     """One run of the command with `delays`, its summary read; a run that fails or writes none is one line."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from profilers.attach_command import run_attached
-    from rlperf.errors import MachineFault
-    from rlperf.summary import RunSummary
-
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "summary.json"
         done = run_attached(command, path, delays, warmup_epochs, timeout_s, attach=attach)
