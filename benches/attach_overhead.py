@@ -1,7 +1,8 @@
 """What `rlperf attach` costs a command: pairs of processes of the same command, one attached and one not, in an
 order drawn at random per pair, each timed by the command's own clock around its training (the last line it
 prints: JSON with `learn_seconds` and its count of agent steps), so both sides are measured the same way. The
-cost is 1 - the median over pairs of SPS attached / SPS plain. Run it on a quiet machine: it is a timing.
+cost is 1 - the median over pairs of SPS attached / SPS plain, with the Hodges-Lehmann interval of the pairs'
+ratios. Run it on a quiet machine: it is a timing.
 
     python -m benches.attach_overhead --pairs 10 --out runs/attach-overhead.json -- python -m benches.trainers.sb3_ppo
 """
@@ -17,9 +18,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from decisions.attribution import walsh_interval
 from profilers.attach_command import attached_environment, resolved
 
-STEP_COUNTS = ("num_timesteps", "collected_frames", "steps")
+# the trainers' own counts of agent steps, by the names benches/trainers/ print them under
+STEP_COUNTS = ("num_timesteps", "collected_frames", "tot_timesteps", "env_step", "steps")
 
 
 def own_sps(output: str) -> tuple[float, float]:
@@ -52,8 +55,10 @@ def measure(command: list[str], pairs: int, seed: int = 0) -> dict:
                   f"({sps[True] / sps[False] - 1:+.1%}; by CPU time {cpu[True] / cpu[False] - 1:+.1%})", flush=True)
     ratios = [row["ratio"] for row in rows]
     cpu_ratios = [row["cpu_ratio"] for row in rows]
+    _, low, high = walsh_interval(ratios)
     return {"command": command, "pairs": rows, "median_ratio": statistics.median(ratios),
-            "cost": 1 - statistics.median(ratios), "cpu_cost": 1 - statistics.median(cpu_ratios)}
+            "cost": 1 - statistics.median(ratios), "cpu_cost": 1 - statistics.median(cpu_ratios),
+            "cost_interval": [1 - high, 1 - low] if low is not None else None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +76,9 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
-    print(f"attach costs {100 * result['cost']:.1f}% of SPS (median of {args.pairs} interleaved pairs; "
+    interval = result["cost_interval"]
+    within = f", 95% interval {100 * interval[0]:.1f}% to {100 * interval[1]:.1f}%" if interval else ""
+    print(f"attach costs {100 * result['cost']:.1f}% of SPS (median of {args.pairs} interleaved pairs{within}; "
           f"{100 * result['cpu_cost']:.1f}% by CPU time)")
 
 

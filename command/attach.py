@@ -39,7 +39,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="end the command after this many seconds (default: no limit)")
     parser.add_argument("--no-attach", action="store_true",
                         help="hooks off: the command marks its own phases through rlperf.phases (default: hooks on)")
+    add_env_step_arguments(parser)
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
+
+
+def add_env_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """--env-step and --agents-per-step, as attach, selfcheck and profile take them."""
+    from profilers.attach_command import agents_per_step, env_step_name
+
+    parser.add_argument("--env-step", type=argparse_type(env_step_name), action="append", default=[],
+                        metavar="MODULE:CLASS.METHOD",
+                        help="a method that steps a batch of envs, for an env no library attach knows defines "
+                             "(repeatable; __main__:CLASS.METHOD for a class of the script itself; default: none)")
+    parser.add_argument("--agents-per-step", type=argparse_type(agents_per_step), default=None, metavar="N|ATTRIBUTE",
+                        help="agents each named step counts: a number, or the env's attribute that holds it "
+                             "(default: the env's num_envs, num_agents, env_num or batch_size, else the length of "
+                             "the step's first argument)")
+
+
+def argparse_type(check):
+    def checked(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    checked.__name__ = check.__name__
+    return checked
+
+
+def env_step_names(args: argparse.Namespace):
+    from profilers.attach_command import EnvStepNames
+
+    if args.agents_per_step and not args.env_step:
+        raise BadInput("--agents-per-step: counts the steps --env-step names; name one")
+    return EnvStepNames(tuple(args.env_step), args.agents_per_step or "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,20 +85,20 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("--warmup-epochs: must be 0 or more")
     if args.json is not None:
         output_file(args.json, "json")
+    env_steps = env_step_names(args)
     with tempfile.TemporaryDirectory() as scratch:
         path = args.json if args.json is not None else Path(scratch) / "summary.json"
         path.unlink(missing_ok=True)
         done = run_attached(command, path, dict(args.inject_delay), args.warmup_epochs, args.timeout,
-                            attach=not args.no_attach)
+                            attach=not args.no_attach, env_steps=env_steps)
         if done.returncode == 124 and args.timeout is not None:
             raise MachineFault(f"command: still running after --timeout {args.timeout:g} s; ended")
         if done.returncode != 0:
             sys.stderr.write(f"rlperf attach: the command exited with code {done.returncode}\n")
             return done.returncode if 0 < done.returncode < 256 else 1
         if not path.is_file():
-            raise MachineFault("command: exited 0 but wrote no summary (its last lines say why: no epoch ended, "
-                               "or no phase was marked)")
-        summary = RunSummary.check(json.loads(path.read_text()))
+            raise MachineFault("command: exited 0 but wrote no summary (the line above, from rlperf, says why)")
+        summary = RunSummary.check(json.loads(path.read_text()), sps_required=False)
     show(summary)
     return 0
 
@@ -84,9 +118,14 @@ def show(summary) -> None:
     console = Console(file=sys.stdout)
     console.print(table)
     attached = summary.attached or {}
-    console.print(f"SPS {summary.sps:,.0f} steady over {summary.steady_steps:,} agent steps ({summary.steps:,} in "
-                  f"all); named phases {100 * (summary.phase_coverage or 0):.1f}% of the steady time, other "
-                  f"{100 * summary.phases.get('other', 0.0) / steady:.1f}%", soft_wrap=True)
+    coverage = (f"named phases {100 * (summary.phase_coverage or 0):.1f}% of the steady time, other "
+                f"{100 * summary.phases.get('other', 0.0) / steady:.1f}%")
+    if summary.sps is None:
+        console.print(f"no SPS: {coverage}", soft_wrap=True)
+        sys.stderr.write(f"rlperf attach: {attached.get('missing', 'no agent steps were counted')}\n")
+    else:
+        console.print(f"SPS {summary.sps:,.0f} steady over {summary.steady_steps:,} agent steps ({summary.steps:,} "
+                      f"in all); {coverage}", soft_wrap=True)
     if attached.get("env_classes") is not None:
         console.print(f"attached: {', '.join(attached.get('hooks', []))}; envs stepped: "
                       f"{', '.join(attached['env_classes']) or 'none'}", soft_wrap=True)

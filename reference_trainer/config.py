@@ -184,6 +184,8 @@ class TrainConfig:
                                       "total_steps", non_negative=True)
     inject_delay: dict[str, float] = knob({}, "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch "
                                               "(repeatable; default none)", OBSERVER, check=delays_refusal)
+    inject_delay_every: int = knob(1, "inject the delays in every Nth epoch only, epochs N-1, 2N-1, ... (2: every "
+                                      "other epoch, each beside an undelayed one; default 1)", OBSERVER, positive=True)
     trace_dir: str = knob("", "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
                           OBSERVER, PROFILER)
     trace_epochs: int = knob(1, "steady epochs to trace, at most the run's steady epochs", OBSERVER, PROFILER,

@@ -44,10 +44,13 @@ class SetupClock:
 
 class PhaseTimer:
     def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float],
-                 phases: tuple[str, ...] = PHASES):
+                 phases: tuple[str, ...] = PHASES, delay_every: int = 1):
         self.enabled, self.phases = enabled, phases
         self.cuda = device.type == "cuda"
-        self.delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
+        self.all_delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
+        self.delay_every = delay_every
+        self.epochs_started = 0
+        self.delays: dict[str, float] = {}
         self.delayed_this_epoch: set[str] = set()
         self.marks: list[tuple[str, object, int]] = []
         self.range: AbstractContextManager | None = None
@@ -71,6 +74,10 @@ class PhaseTimer:
 
     def start_epoch(self) -> None:
         self.delayed_this_epoch.clear()
+        # with delay_every N, only epochs N-1, 2N-1, ... are delayed (`rlperf selfcheck` pairs them with neighbours)
+        delayed = self.epochs_started % self.delay_every == self.delay_every - 1
+        self.delays = self.all_delays if delayed else {}
+        self.epochs_started += 1
         self.marks.clear()
         if self.cuda:
             torch.cuda.synchronize()

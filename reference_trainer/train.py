@@ -142,7 +142,7 @@ class Trainer:
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         # recorded after each group's non_blocking copy of its actions: the env steps once it has passed
         self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.non_blocking else None
-        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases)
+        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases, cfg.inject_delay_every)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")
@@ -296,7 +296,8 @@ class Trainer:
             self.profiler.step()
         return {
             "epoch": epoch, "steps": cfg.batch_size, "seconds": seconds, "warmup": epoch < cfg.warmup_epochs,
-            "phases": phases, "losses": losses, "episodes": episodes_done,
+            "phases": phases, "delayed": sorted(self.timer.delayed_this_epoch), "losses": losses,
+            "episodes": episodes_done,
             "env_busy_seconds": env_busy, "env_wait_seconds": env_wait,
             "mean_episode_return": float(totals[-2]) / episodes_done if episodes_done else None,
             "end_seconds": time.perf_counter() - self.process_start,

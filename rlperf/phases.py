@@ -34,6 +34,8 @@ from rlperf.summary import OTHER, PHASES, SCHEMA, RunSummary
 
 SUMMARY_VARIABLE = "RLPERF_SUMMARY"
 DELAY_VARIABLE = "RLPERF_INJECT_DELAY"
+# delays in every Nth epoch only (2: every other), so that `rlperf selfcheck` compares adjacent epochs of one process
+DELAY_EVERY_VARIABLE = "RLPERF_INJECT_DELAY_EVERY"
 WARMUP_VARIABLE = "RLPERF_WARMUP_EPOCHS"
 # The process that owns the summary: subprocesses that inherit the environment (env workers) time nothing.
 OWNER_VARIABLE = "RLPERF_PHASES_OWNER"
@@ -42,6 +44,17 @@ TRACE_EPOCHS_VARIABLE = "RLPERF_TRACE_EPOCHS"
 MAX_DELAY_MS = 60_000.0
 # the rollout's phases outside `env`, the policy's side of "Which side waits" (as the reference trainer's)
 ROLLOUT_POLICY_PHASES = ("eval_forward", "eval_copy", "eval_misc")
+# the RL and env libraries whose versions a summary records when the process imported them (docs/any-trainer.md)
+RL_LIBRARIES = ("gymnasium", "gym", "stable_baselines3", "torchrl", "tensordict", "rsl_rl", "tianshou", "skrl",
+                "pufferlib", "isaaclab", "ale_py")
+# why no summary can be written, in the words of who started the clock: the phase API's calls, or attach's flags
+API_WORDS = {"no_epoch": "no epoch ended (end_epoch was never called, or the run ended before its first update)",
+             "warmup": WARMUP_VARIABLE,
+             "no_steps": "no agent steps were counted in the steady epochs (steps() was never called)"}
+ATTACH_WORDS = {"no_epoch": "no epoch ended: the command made no optimizer step (an epoch is a rollout and its "
+                            "update, and ends with the update's last optimizer step)",
+                "warmup": "--warmup-epochs",
+                "no_steps": "no agent steps were counted in the steady epochs"}
 
 
 class PhaseError(ValueError):
@@ -72,6 +85,12 @@ def parse_warmup(text: str) -> int:
     return int(text)
 
 
+def parse_delay_every(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise PhaseError(f"{DELAY_EVERY_VARIABLE}: must be a whole number of 1 or more (got {text!r})")
+    return int(text)
+
+
 def parse_trace_epochs(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise PhaseError(f"{TRACE_EPOCHS_VARIABLE}: must be a whole number of 1 or more (got {text!r})")
@@ -84,11 +103,17 @@ class PhaseClock:
     process has a CUDA context (decided per epoch, at its first mark)."""
 
     def __init__(self, writer: str = "phases", warmup_epochs: int = 1, delays_ms: dict[str, float] | None = None,
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, delay_every: int = 1):
         self.writer = writer
         self.warmup_epochs = warmup_epochs
-        self.delays = {name: ms / 1000.0 for name, ms in (delays_ms or {}).items()}
         self.delays_ms = dict(delays_ms or {})
+        self.delay_every = delay_every
+        self.all_delays = {name: ms / 1000.0 for name, ms in self.delays_ms.items()}
+        self.delays = self.epoch_delays(0)
+        # the label of a segment no open phase claims: `other`, unless attach knows better from where the loop is
+        self.ground = OTHER
+        # why the summary lacks SPS, where it does (attach saw no env step): said once, in the summary
+        self.missing: str | None = None
         self.config = dict(config or {})
         self.attached: dict[str, Any] = {}
         self.stack: list[str] = []
@@ -132,7 +157,7 @@ class PhaseClock:
         self.epoch_host_start = time.perf_counter()
         if self.started_unix_ns is None:
             self.started_unix_ns = time.time_ns()
-        self.marks = [(self.stack[-1] if self.stack else OTHER, self.stamp())]
+        self.marks = [(self.stack[-1] if self.stack else self.ground, self.stamp())]
 
     def enter(self, name: str, delay: bool = True) -> None:
         """Opens phase `name`; its injected delay, if any, is slept now unless `delay` is false (the caller then
@@ -142,7 +167,7 @@ class PhaseClock:
         self.stack.append(name)
         self.phase_marks += 1
         self.marks.append((name, self.stamp()))
-        if delay:
+        if delay and self.delays:
             self.delay_once(name)
 
     def delay_once(self, name: str) -> None:
@@ -166,7 +191,7 @@ class PhaseClock:
             inner = f"{self.stack[-1]!r} is the innermost phase open" if self.stack else "no phase is open"
             raise PhaseError(f"unbalanced phase mark: exit of {name!r} while {inner}")
         self.stack.pop()
-        self.marks.append((self.stack[-1] if self.stack else OTHER, self.stamp()))
+        self.marks.append((self.stack[-1] if self.stack else self.ground, self.stamp()))
 
     def steps(self, count: int) -> None:
         if not self.marks:
@@ -200,28 +225,34 @@ class PhaseClock:
             self.steady_start_ns = time.time_ns() - int(seconds * 1e9)
         self.epochs.append({"epoch": index, "steps": self.epoch_steps, "seconds": seconds, "warmup": warmup,
                             "phases": phases, "marks": len(marks), "episodes": 0, "mean_episode_return": None,
-                            "end_seconds": time.time() - self.process_start})
+                            "end_seconds": time.time() - self.process_start, "delayed": sorted(self.delayed)})
         self.total_steps += self.epoch_steps
         self.epoch_steps = 0
         self.delayed.clear()
+        self.delays = self.epoch_delays(len(self.epochs))
         self.spare_events += self.events
         self.events = []
         self.begin_epoch()
+
+    def epoch_delays(self, index: int) -> dict[str, float]:
+        """The delays of epoch `index`: every epoch's, or with `delay_every` N only those of epochs N-1, 2N-1, ..."""
+        return self.all_delays if index % self.delay_every == self.delay_every - 1 else {}
 
     # ---- the summary ----------------------------------------------------------------------------------
 
     def refusal(self) -> str | None:
         """Why no summary can be written, in one line; None when one can."""
         steady = [epoch for epoch in self.epochs if not epoch["warmup"]]
+        words = ATTACH_WORDS if self.writer == "attach" else API_WORDS
         if not self.epochs:
-            return "no epoch ended (end_epoch was never called, or the run ended before its first update)"
+            return words["no_epoch"]
         if self.phase_marks == 0:
             return f"no phase was marked in {len(self.epochs)} epochs: every second would be `other`"
         if not steady:
-            return (f"all {len(self.epochs)} epochs were warm-up ({WARMUP_VARIABLE}={self.warmup_epochs}): "
+            return (f"all {len(self.epochs)} epochs were warm-up ({words['warmup']}={self.warmup_epochs}): "
                     "nothing steady to measure")
-        if not sum(epoch["steps"] for epoch in steady):
-            return "no agent steps were counted in the steady epochs (steps() was never called)"
+        if not sum(epoch["steps"] for epoch in steady) and self.missing is None:
+            return words["no_steps"]
         return None
 
     def summary(self) -> RunSummary:
@@ -233,7 +264,8 @@ class PhaseClock:
         steady_start = steady[0]["end_seconds"] - steady[0]["seconds"]
         named = sum(seconds for name, seconds in phases.items() if name != OTHER)
         return RunSummary(
-            schema=SCHEMA, writer=self.writer, config=self.config, sps=steady_steps / steady_seconds,
+            schema=SCHEMA, writer=self.writer, config=self.config,
+            sps=steady_steps / steady_seconds if steady_steps else None,
             steps=self.total_steps, steady_steps=steady_steps, steady_seconds=steady_seconds, wall_seconds=wall,
             phases=phases, epochs=self.epochs, sps_end_to_end=self.total_steps / wall,
             warmup_seconds=steady_start, phase_coverage=named / steady_seconds if steady_seconds else None,
@@ -242,7 +274,8 @@ class PhaseClock:
             device_name=self.device_name(), versions=versions(),
             steady_window_unix_ns=[self.steady_start_ns or 0, time.time_ns()],
             attached={"writer": self.writer, **self.attached, "unclaimed": phases[OTHER],
-                      "delays_ms": self.delays_ms,
+                      "delays_ms": self.delays_ms, "delay_every": self.delay_every,
+                      **({"missing": self.missing} if self.missing else {}),
                       "marks_per_epoch": sum(epoch["marks"] for epoch in steady) / len(steady)},
         )
 
@@ -301,7 +334,7 @@ class TracedPhaseClock(PhaseClock):
 
     def stamp(self):
         if self.tracing and not self.closing:
-            label = self.stack[-1] if self.stack else OTHER
+            label = self.stack[-1] if self.stack else self.ground
             self.open_range(label)
             self.epoch_marks_ns.append((label, time.time_ns()))
         return super().stamp()
@@ -438,11 +471,30 @@ def process_start_seconds() -> float:
 
 
 def versions() -> dict[str, str | None]:
+    """Python's, rlperf's, torch's and numpy's versions, and those of the RL and env libraries the process imported
+    (RL_LIBRARIES), read from their installed distributions where the module has no `__version__`."""
     found = {"python": platform.python_version(), "rlperf": __version__}
     for name in ("torch", "numpy"):
         module = sys.modules.get(name)
         found[name] = getattr(module, "__version__", None) if module is not None else None
+    for name in RL_LIBRARIES:
+        if name in sys.modules:
+            found[name] = library_version(name)
     return found
+
+
+def library_version(module_name: str) -> str | None:
+    version = getattr(sys.modules[module_name], "__version__", None)
+    if isinstance(version, str):
+        return version
+    from importlib import metadata
+
+    for distribution in metadata.packages_distributions().get(module_name, []):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 # ---- the module's API: one clock per process, only while the harness asks for a summary ------------------
@@ -524,7 +576,8 @@ def start(path: str, writer: str = "phases", environ: dict[str, str] | None = No
     global _clock, _path
     environ = os.environ if environ is None else environ
     settings = {"writer": writer, "warmup_epochs": parse_warmup(environ.get(WARMUP_VARIABLE, "1")),
-                "delays_ms": parse_delays(environ.get(DELAY_VARIABLE, ""))}
+                "delays_ms": parse_delays(environ.get(DELAY_VARIABLE, "")),
+                "delay_every": parse_delay_every(environ.get(DELAY_EVERY_VARIABLE, "1"))}
     trace = environ.get(TRACE_VARIABLE)
     _clock = (TracedPhaseClock(trace, parse_trace_epochs(environ.get(TRACE_EPOCHS_VARIABLE, "1")), **settings)
               if trace else PhaseClock(**settings))

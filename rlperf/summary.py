@@ -107,16 +107,24 @@ class RunSummary:
         return cls(**values, extra={name: value for name, value in data.items() if name not in known})
 
     @classmethod
-    def check(cls, data: Any) -> RunSummary:
+    def check(cls, data: Any, sps_required: bool = True) -> RunSummary:
         """A summary a trainer has just written, refused in one line naming the first field that is missing or
-        of the wrong kind: the fields of REQUIRED, and each epoch's EPOCH_REQUIRED."""
+        of the wrong kind: the fields of REQUIRED, and each epoch's EPOCH_REQUIRED. Without `sps_required`, an
+        attached run that saw no env step (its `attached.missing` says so) passes without SPS."""
         if not isinstance(data, dict):
             raise BadInput(f"summary: must be a JSON object, not {type(data).__name__}")
         missing = [name for name in REQUIRED if data.get(name) is None]
+        why = (data.get("attached") or {}).get("missing")
+        if missing == ["sps"] and why and not sps_required:
+            missing = []
+        elif missing == ["sps"] and why:
+            raise BadInput(f"summary: sps is missing: {why}")
         if missing:
             raise BadInput(f"summary: {missing[0]} is missing (a trainer must write {', '.join(REQUIRED)})")
         summary = cls.read(data)
         for name in ("sps", "steady_seconds", "wall_seconds"):
+            if name == "sps" and summary.sps is None:
+                continue
             if not is_number(getattr(summary, name)):
                 raise BadInput(f"summary: {name} must be a number, not {getattr(summary, name)!r}")
         for name in ("steps", "steady_steps"):

@@ -25,7 +25,8 @@ from reference_trainer import envs as envs_module
 from reference_trainer import train as trainer
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import EpisodePieces, Policy
-from reference_trainer.attribution import REQUIRED_SHARE, attributed_shares
+from decisions import attribution
+from reference_trainer.attribution import selfcheck_config
 from reference_trainer.timing import PhaseTimer
 from reference_trainer.train import Trainer, train
 
@@ -339,8 +340,10 @@ def test_compile_reports_its_time_apart():
 
 def test_each_phase_receives_a_delay_injected_into_it():
     # On CUDA a phase boundary is an event on the compute stream; a host delay must still land in its phase.
-    shares = attributed_shares(delay_ms=40.0, epochs=6, device="cuda")
-    assert all(share >= REQUIRED_SHARE for share in shares.values()), shares
+    phases = tuple(selfcheck_config({}, 8, "cuda").phases)
+    rows = attribution.check(phases, 40.0, lambda name, delays: train(selfcheck_config(delays, 8, "cuda"))["epochs"],
+                             max_runs=4)
+    assert all(row.verdict == "ok" for row in rows.values()), {row.row: (row.low, row.high) for row in rows.values()}
 
 
 def test_the_probe_names_each_gpu_as_nvml_does():
