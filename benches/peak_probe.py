@@ -337,6 +337,8 @@ class Timer:
         # A graph is captured on a side stream, and warmed up on it first: libraries set up per-stream state
         # (cuBLAS workspaces) on their first call there, which must not happen during capture.
         stream = capture_stream(device) if graphed else None
+        if graphed:  # the inputs `call` reads were made on the current stream
+            stream.wait_stream(torch.cuda.current_stream(device))
         self.warmup_calls, start = 0, time.perf_counter()
         with torch.cuda.stream(stream) if graphed else contextlib.nullcontext():
             while self.warmup_calls < MIN_WARMUP_CALLS or time.perf_counter() - start < WARMUP_S:

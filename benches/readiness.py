@@ -60,6 +60,10 @@ def runner_checks(folder: Path, python: str) -> list[Check]:
         refusal = f"no tests at {tests}: rlperf doctor runs from a checkout of the repository"
     elif importlib.util.find_spec("pytest") is None:
         refusal = f"pytest is not installed for {python} (pip install -e '.[test]')"
+    night_refusal = refusal
+    if not (REPO_ROOT / ".git").exists():
+        night_refusal = (f"no .git in {REPO_ROOT}: the night builds HEAD beside the working tree, so it runs from a "
+                         f"git checkout (a copy without .git cannot)")
     rlperf = [python, "-m", "rlperf"]
     return [
         Check("gpu tests", [python, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider", str(tests)],
@@ -73,7 +77,7 @@ def runner_checks(folder: Path, python: str) -> list[Check]:
         Check("gate night", [*rlperf, "gate", "--suite", NIGHT_SUITE, "--baseline", "HEAD", "--screen-pairs", "2",
                              "--refine-points", "0", "--night-s", str(NIGHT_S), "--out", str(store),
                              "--summary", str(folder / "gate.json")],
-              cap_s=480),
+              cap_s=480, refusal=night_refusal),
     ]
 
 
@@ -86,9 +90,14 @@ def run_checks(checks: list[Check], folder: Path, say: Callable[[str], None]) ->
         started = time.monotonic()
         if check.refusal:
             log.write_text(check.refusal + "\n")
-        problem = check.refusal or run_logged(check, log)
-        if problem is None and check.verify is not None:
-            problem = check.verify(folder)
+        stage = "command"
+        try:
+            problem = check.refusal or run_logged(check, log)
+            if problem is None and check.verify is not None:
+                stage = "verification"
+                problem = check.verify(folder)
+        except Exception as exc:  # one check's fault is its line; Ctrl-C (not an Exception) still ends the run
+            problem = f"its {stage} raised {one_line(exc)}"
         outcomes.append(Outcome(check.name, problem, time.monotonic() - started, log))
     return outcomes
 
@@ -112,6 +121,10 @@ def run_logged(check: Check, log: Path) -> str | None:
         return None
     last = last_line(log)
     return f"exit {code}" + (f", {last}" if last else "")
+
+
+def one_line(exc: Exception) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -20,7 +20,8 @@ from reference_trainer.config import GRAPH_PHASES, PHASES, from_dict
 from rlperf.summary import OTHER, PHASES as COMMAND_PHASES
 
 TOP_N = 10
-# Host API calls that put work on the device; a CUDA graph replay counts once, like any launch.
+# Host API calls that put work on the device; a CUDA graph replay counts once, like any launch, its prologue's
+# fills apart.
 LAUNCH_CALLS = frozenset({
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel",
     "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch",
@@ -31,6 +32,9 @@ SYNC_CALLS = frozenset({
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
     "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
 })
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+# A graph replay's prologue fills the generator's int64 seed and offset (CUDAGeneratorState::replay_prologue).
+PROLOGUE_FILL_KERNEL = "FillFunctor<long>"
 HOST_API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 HTA_NS_ROUNDING_OFF = "HTA_DISABLE_NS_ROUNDING"
 
@@ -89,7 +93,8 @@ def _kernels_by_phase(trace: dict) -> dict[str, dict]:
     """Each phase's launches, and the kernels and kernel time they issued. A kernel carries the correlation id of
     the host call that launched it, and a CUDA graph's kernels all carry their graph launch's, so each is charged to
     the phase whose host range holds that call: inside a whole graph (rollout_graph, update_graph) no finer. What
-    no phase holds is `other`."""
+    no phase holds is `other`. A graph replay's seed and offset fills are its `replay_prologue_fills`, not launches
+    (docs/profiling.md#trace-summary); their kernels count among the phase's kernels."""
     names = (*PHASES, *GRAPH_PHASES)
     ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"])
                     for e in trace_events.complete_events(trace, trace_events.HOST_RANGE_CATEGORY) if e["name"] in names)
@@ -99,18 +104,47 @@ def _kernels_by_phase(trace: dict) -> dict[str, dict]:
         index = bisect.bisect_right(starts, ts) - 1
         return ranges[index][2] if index >= 0 and ts <= ranges[index][1] else OTHER
 
-    by_phase: dict[str, dict] = defaultdict(lambda: {"launches": 0, "kernels": 0, "kernel_us": 0.0})
+    by_phase: dict[str, dict] = defaultdict(
+        lambda: {"launches": 0, "replay_prologue_fills": 0, "kernels": 0, "kernel_us": 0.0})
+    calls = trace_events.complete_events(trace, HOST_API_CATEGORIES)
+    prologue = _replay_prologue_fills(trace, calls)
     phase_of_call = {}
-    for call in trace_events.complete_events(trace, HOST_API_CATEGORIES):
+    for call in calls:
         phase = phase_at(call["ts"])
-        phase_of_call[call.get("args", {}).get("correlation")] = phase
-        if call["name"] in LAUNCH_CALLS:
+        correlation = call.get("args", {}).get("correlation")
+        phase_of_call[correlation] = phase
+        if correlation in prologue:
+            by_phase[phase]["replay_prologue_fills"] += 1
+        elif call["name"] in LAUNCH_CALLS:
             by_phase[phase]["launches"] += 1
     for kernel in trace_events.complete_events(trace, "kernel"):
         entry = by_phase[phase_of_call.get(kernel.get("args", {}).get("correlation"), OTHER)]
         entry["kernels"] += 1
         entry["kernel_us"] += kernel["dur"]
     return {phase: by_phase[phase] for phase in (*names, OTHER) if phase in by_phase}
+
+
+def _replay_prologue_fills(trace: dict, calls: list[dict]) -> set:
+    """The correlation ids of the launches CUDAGraph::replay makes before a graph that draws random numbers: an
+    int64 fill of the generator's seed and one of its offset, the launches on a thread right before its
+    cudaGraphLaunch."""
+    fills = {kernel.get("args", {}).get("correlation") for kernel in trace_events.complete_events(trace, "kernel")
+             if PROLOGUE_FILL_KERNEL in kernel["name"]} - {None}
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for call in calls:
+        if call["name"] in LAUNCH_CALLS:
+            by_thread[(call.get("pid"), call.get("tid"))].append(call)
+    prologue = set()
+    for launches in by_thread.values():
+        launches.sort(key=lambda call: call["ts"])
+        for index, call in enumerate(launches):
+            if call["name"] not in GRAPH_LAUNCH_CALLS:
+                continue
+            before = index - 1
+            while before >= 0 and launches[before].get("args", {}).get("correlation") in fills:
+                prologue.add(launches[before]["args"]["correlation"])
+                before -= 1
+    return prologue
 
 
 def _count(trace: dict, categories: tuple[str, ...], names: frozenset[str] | None = None) -> int:
@@ -167,10 +201,12 @@ def _gpu_event_counts(trace: dict, epochs: int, env_steps: int) -> dict:
         entry["us"] += event["dur"]
     for entry in copies.values():
         entry["gb_per_s"] = entry["bytes"] / entry["us"] / 1e3 if entry["us"] else None
+    by_phase = _kernels_by_phase(trace)
     return {
-        "launches_per_env_step": _count(trace, HOST_API_CATEGORIES, LAUNCH_CALLS) / env_steps,
+        # a graph replay counts once, without its prologue's fills
+        "launches_per_env_step": sum(phase["launches"] for phase in by_phase.values()) / env_steps,
         "kernels_per_env_step": _count(trace, ("kernel",)) / env_steps,
-        "kernels_by_phase": _kernels_by_phase(trace),
+        "kernels_by_phase": by_phase,
         "host_syncs_per_epoch": _count(trace, HOST_API_CATEGORIES, SYNC_CALLS) / epochs,
         "sync_calls": dict(Counter(
             e["name"] for e in trace_events.complete_events(trace, HOST_API_CATEGORIES) if e["name"] in SYNC_CALLS

@@ -51,8 +51,12 @@ class ConvEncoder(nn.Module):
 
 class Policy(nn.Module):
     def __init__(self, obs_shape: int | tuple[int, ...], num_actions: int, hidden_size: int, use_lstm: bool,
-                 fused_cell: bool, encoder: str = "mlp", cnn_channels: int = 32, pixels: bool = False):
+                 fused_cell: bool, encoder: str = "mlp", cnn_channels: int = 32, pixels: bool = False,
+                 sequences_as_captured: bool = False):
         super().__init__()
+        # A graphed run's capture steps the cell over sequences; its eager warm-up must train that same function
+        # before capture, not cuDNN's pieces (docs/trainer.md, "Recurrence").
+        self.sequences_as_captured = sequences_as_captured
         obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         self.obs_dims = len(obs_shape)
         self.hidden_size = hidden_size
@@ -187,13 +191,19 @@ class Policy(nn.Module):
         """The LSTM over features `[T, B, H]` from states `[B, H]`, zeroed where `starts` is 1; returns `[T, B, H]`.
 
         On a GPU, cuDNN's fused kernel over the reset-free pieces, except under capture or compile, which cannot read
-        the pieces' lengths back: there, and in CPU autocast, the cell steps. On a CPU, lstm_sequence's hand-written
+        the pieces' lengths back, and in a graphed run's eager epochs: there, and in CPU autocast, the cell steps. On a CPU, lstm_sequence's hand-written
         function, as every operator's fixed cost counts (docs/trainer.md, "Recurrence")."""
-        if x.is_cuda and not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
+        if self.cudnn_pieces(x.is_cuda):
             return self.pieced_sequence(x, h, c, starts)
         if self.written_out_lstm(x, h, c):
             return lstm_sequence(x, h, c, starts, self.cell, self.sequence_workspaces)
         return self.stepped_sequence(x, h, c, starts)
+
+    def cudnn_pieces(self, on_cuda: bool) -> bool:
+        """Whether sequences go to cuDNN in pieces: on a GPU, eager, and not in a graphed run, whose warm-up must
+        run eagerly the cell loop its capture will hold."""
+        return on_cuda and not (self.sequences_as_captured or torch.compiler.is_compiling()
+                                or torch.cuda.is_current_stream_capturing())
 
     def written_out_lstm(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> bool:
         """Whether the LSTM runs as reference_trainer/lstm_sequence.py writes it out: on a CPU, eager, in the

@@ -344,7 +344,8 @@ def build_policy(cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int,
         raise ConfigError("encoder", f"{refusal}; {cfg.env} observations are {list(obs_shape)}")
     fused_cell = device.type == "cuda" or autocast.dtype is None
     policy = Policy(obs_shape, num_actions, cfg.hidden_size, cfg.lstm, fused_cell, encoder=cfg.encoder,
-                    cnn_channels=cfg.cnn_channels, pixels=obs_dtype == torch.uint8).to(device)
+                    cnn_channels=cfg.cnn_channels, pixels=obs_dtype == torch.uint8,
+                    sequences_as_captured=cfg.cuda_graphs).to(device)
     with autocast():
         dtype_used = policy.compute_dtype(device)
     if dtype_used != (autocast.dtype or torch.float32):

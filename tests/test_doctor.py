@@ -71,3 +71,31 @@ def test_the_doctor_runs_the_gpu_tests_the_smoke_a_trace_and_a_night_of_three_ni
     nightly = {point.key: point.config for point in suites.load("nightly").points}
     points = suites.load(readiness.NIGHT_SUITE).points
     assert len(points) == 3 and all(nightly.get(point.key) == point.config for point in points)
+
+
+def test_a_check_whose_verify_raises_ends_in_its_one_line_and_the_next_checks_still_run(tmp_path):
+    python = sys.executable
+    not_a_store = tmp_path / "results.sqlite"
+    not_a_store.write_bytes(b"not a database " * 100)
+    checks = [
+        readiness.Check("gpu smoke", [python, "-c", "pass"], cap_s=60,
+                        verify=lambda folder: readiness.smoke_roofline_problem(not_a_store, folder / "gpu-smoke.log")),
+        readiness.Check("after it", [python, "-c", "print('ran')"], cap_s=60),
+    ]
+    outcomes = readiness.run_checks(checks, tmp_path, lambda text: None)
+    smoke, after = (outcome.line() for outcome in outcomes)
+    assert smoke.startswith("gpu smoke: FAILED: its verification raised BadInput: store: ")
+    assert "is not an rlperf results store" in smoke and "\n" not in smoke
+    assert after == "after it: ok (0 s)" and (tmp_path / "after-it.log").read_text() == "ran\n"
+
+
+def test_a_copy_without_git_refuses_the_gate_night_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "tests").mkdir()
+    monkeypatch.setattr(readiness, "REPO_ROOT", tmp_path)
+    night = readiness.runner_checks(tmp_path / "out", "python3")[-1]
+    assert night.name == "gate night"
+    assert night.refusal == (f"no .git in {tmp_path}: the night builds HEAD beside the working tree, so it runs from "
+                             f"a git checkout (a copy without .git cannot)")
+    tmp_path.joinpath("out").mkdir()
+    outcome, = readiness.run_checks([night], tmp_path / "out", lambda text: None)
+    assert outcome.line().startswith(f"gate night: FAILED: no .git in {tmp_path}: ")

@@ -1,6 +1,7 @@
 """The whole rollout and the whole update captured as CUDA graphs (graph_scope): replays train like eager, draw fresh
 actions at every replay, synchronise nothing with the host, zero the recurrent state at every episode start, and a
-traced epoch's kernels are split between the two graphs. Every test needs CUDA and skips without it; the same calls
+traced epoch's kernels are split between the two graphs; and, nothing patched, a graphed update trains like the
+eager cuDNN path and learns the memory task as it does, and a traced replay counts one launch besides its fills. Every test needs CUDA and skips without it; the same calls
 run uncaptured on a CPU in tests/test_whole_calls.py."""
 
 import math
@@ -8,7 +9,8 @@ import math
 import pytest
 import torch
 
-from profilers.trace_summary import summarize_trace
+from profilers import trace_events
+from profilers.trace_summary import HOST_API_CATEGORIES, LAUNCH_CALLS, summarize_trace
 from reference_trainer.config import TrainConfig, validate
 from reference_trainer.policy import Policy
 from reference_trainer.timing import PhaseTimer
@@ -160,3 +162,49 @@ def test_a_traced_whole_graph_epoch_splits_its_kernels_by_the_graph_that_ran_the
     assert sum(phase["kernels"] for phase in by_phase.values()) == \
         round(traced["kernels_per_env_step"] * traced["env_steps"])
     assert by_phase["rollout_graph"]["kernel_us"] > 0 and by_phase["update_graph"]["kernel_us"] > 0
+
+
+@pytest.mark.parametrize("scope", ["update", "both"])
+def test_a_graphed_whole_update_trains_like_the_eager_cudnn_path_users_run(scope):
+    # Nothing patched: eager runs cuDNN's pieces, the graphed run steps the cell from its warm-up on. fp32 pieces
+    # run in full float32, so the two differ by summation order only; a different function (TF32, a lost reset,
+    # a warm-up on another implementation) is off by more than this within 5 epochs.
+    epochs = 5
+    eager = train(cuda_cfg(total_steps=256 * 16 * epochs))
+    graphed = train(cuda_cfg(total_steps=256 * 16 * epochs, graph_scope=scope, cuda_graphs=True))
+    assert len(eager["epochs"]) == len(graphed["epochs"]) == epochs
+    for epoch, (got, expected) in enumerate(zip(per_epoch_losses(graphed), per_epoch_losses(eager))):
+        assert got == pytest.approx(expected, rel=2e-3, abs=2e-4), (scope, epoch)
+
+
+MEMORY = dict(env="memory", device="cuda", num_envs=256, horizon=16, minibatch_size=1024, hidden_size=64,
+              total_steps=256 * 16 * 150, warmup_epochs=2, target_return=0.99, target_window=100)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_same_seed_learns_the_memory_task_eager_and_with_a_graphed_update(seed):
+    # memory's blind guess scores 0.25: a smoothed return of 0.99 is the cue remembered, in both modes
+    for graphed in (False, True):
+        cfg = validate(TrainConfig(**MEMORY, seed=seed, cuda_graphs=graphed,
+                                   **({"graph_scope": "update"} if graphed else {})))
+        solved = train(cfg)["time_to_solve"]
+        assert solved["solved"] and solved["smoothed_return"] >= 0.99, (seed, graphed, solved)
+
+
+def test_a_traced_whole_graph_epochs_launches_are_counted_as_the_trace_shows_them(tmp_path):
+    # Each replay is one cudaGraphLaunch, preceded by its generator's seed and offset fills (both graphs draw random
+    # numbers): the summary's launches are the graph launches in the phase, its fills every other launch there.
+    cfg = cuda_cfg(graph_scope="both", cuda_graphs=True, trace_dir=str(tmp_path))
+    summary = train(cfg)
+    traced = summarize_trace(summary["trace"], summary)
+    trace = trace_events.load(summary["trace"])
+    calls = [call for call in trace_events.complete_events(trace, HOST_API_CATEGORIES) if call["name"] in LAUNCH_CALLS]
+    for phase in ("rollout_graph", "update_graph"):
+        ranges = [(e["ts"], e["ts"] + e["dur"]) for e in trace_events.complete_events(trace, "user_annotation")
+                  if e["name"] == phase]
+        inside = [call for call in calls if any(start <= call["ts"] <= end for start, end in ranges)]
+        graph_launches = [call for call in inside if "Graph" in call["name"]]
+        counted = traced["kernels_by_phase"][phase]
+        assert len(ranges) == traced["traced_epochs"] == len(graph_launches) == counted["launches"], phase
+        assert counted["replay_prologue_fills"] == len(inside) - len(graph_launches) >= 2 * len(ranges), phase
+        assert counted["replay_prologue_fills"] % 2 == 0, phase  # a seed and an offset for each generator

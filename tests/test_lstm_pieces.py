@@ -5,11 +5,15 @@ stepping the rollout's cell over the sequence and zeroing the state at every sta
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from reference_trainer.config import TrainConfig
+from reference_trainer.devices import Autocast
 from reference_trainer.policy import EpisodePieces, Policy, full_fp32_rnn
+from reference_trainer.train import build_policy
 from rlperf.torch_api import torch_has
 
 T, B, OBS, HIDDEN, ACTIONS = 16, 9, 5, 12, 3
@@ -291,3 +295,20 @@ def test_a_captured_forward_and_backward_replays_the_eager_ones():
     for name, param in policy.named_parameters():
         torch.testing.assert_close(param.grad, eager[4][name], rtol=1e-3, atol=1e-5, msg=name)
 
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_graphed_runs_warm_up_trains_the_sequence_function_its_capture_holds(monkeypatch, graphed):
+    # The eager epochs before capture are the captured update's warm-up: they must run forward and backward through
+    # the implementation capture will hold (the cell loop), not cuDNN's pieces. An ungraphed run keeps the pieces.
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(device="cpu", hidden_size=HIDDEN, cuda_graphs=graphed)
+    policy, _ = build_policy(cfg, (OBS,), ACTIONS, torch.float32, cpu, Autocast(cpu, cfg))
+    picked = []
+    monkeypatch.setattr(Policy, "pieced_sequence", lambda self, *_: picked.append("cudnn pieces"))
+    monkeypatch.setattr(Policy, "stepped_sequence", lambda self, *_: picked.append("cell loop"))
+    on_cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda"), dtype=torch.float32)  # what a CUDA input says
+    for capturing in (False, True):  # the warm-up epoch, then capture
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        policy.recurrent_sequence(on_cuda, None, None, None)
+    assert picked == ["cell loop" if graphed else "cudnn pieces", "cell loop"]

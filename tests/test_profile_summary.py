@@ -215,12 +215,51 @@ def whole_graph_trace(path):
     return path
 
 
+FILL_KERNEL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>, "
+               "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<long>, at::detail::Array<char*, 1>)")
+
+
+def replayed_with_prologues(path):
+    """whole_graph_trace's epoch as a real replay of a graph that draws random numbers looks: before each
+    cudaGraphLaunch, CUDAGraph::replay fills the generator's seed and offset (`replay_prologue`), two aten::fill_
+    with their launches and kernels, inside the phase's host range."""
+    whole_graph_trace(path)
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    for launch in [e for e in events if e.get("name") == "cudaGraphLaunch"]:
+        t, correlation = launch["ts"], launch["args"]["correlation"]
+        launch["ts"] = t + 10
+        for fill in range(2):
+            ts, fill_correlation = t + 4 * fill, 100 * correlation + fill
+            events += [
+                {"ph": "X", "cat": "cpu_op", "name": "aten::fill_", "pid": HOST, "tid": HOST, "ts": ts, "dur": 3.0},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": HOST, "tid": HOST,
+                 "ts": ts + 1, "dur": 1.5, "args": {"correlation": fill_correlation}},
+                {"ph": "X", "cat": "kernel", "name": FILL_KERNEL, "pid": DEVICE, "tid": STREAM, "ts": ts + 20 + fill,
+                 "dur": 1.0, "args": {"correlation": fill_correlation, "device": 0, "stream": STREAM}},
+            ]
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    return path
+
+
+def test_a_graph_replays_seed_and_offset_fills_are_named_not_counted_as_its_phases_launches(tmp_path):
+    summary = summarize_trace(replayed_with_prologues(tmp_path / "trace.json.gz"),
+                              {"config": {**RUN["config"], "trace_epochs": 1}})
+    assert summary["kernels_by_phase"] == {
+        "rollout_graph": {"launches": 1, "replay_prologue_fills": 2, "kernels": 5, "kernel_us": 14.0},
+        "update_graph": {"launches": 1, "replay_prologue_fills": 2, "kernels": 4, "kernel_us": 10.0},
+        "other": {"launches": 1, "replay_prologue_fills": 0, "kernels": 1, "kernel_us": 1.0},
+    }
+
+
 def test_a_whole_graphs_kernels_are_charged_to_the_phase_that_launched_the_graph(tmp_path):
     summary = summarize_trace(whole_graph_trace(tmp_path / "trace.json.gz"),
                               {"config": {**RUN["config"], "trace_epochs": 1}})
     assert summary["kernels_by_phase"] == {
-        "rollout_graph": {"launches": 1, "kernels": 3, "kernel_us": 12.0},
-        "update_graph": {"launches": 1, "kernels": 2, "kernel_us": 8.0},
-        "other": {"launches": 1, "kernels": 1, "kernel_us": 1.0},
+        "rollout_graph": {"launches": 1, "replay_prologue_fills": 0, "kernels": 3, "kernel_us": 12.0},
+        "update_graph": {"launches": 1, "replay_prologue_fills": 0, "kernels": 2, "kernel_us": 8.0},
+        "other": {"launches": 1, "replay_prologue_fills": 0, "kernels": 1, "kernel_us": 1.0},
     }
     assert summary["phases_host_us"]["rollout_graph"] == 20.0 and summary["phases_host_us"]["env"] == 0.0

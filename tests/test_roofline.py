@@ -242,13 +242,18 @@ class StandInCudaGraphs:
             def __exit__(self, *exc) -> None:
                 pass
 
+        class Stream:
+            def wait_stream(self, other) -> None:
+                pass
+
         def stream(device=None):
             self.streams_made += 1
-            return object()
+            return Stream()
 
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", Capture)
         monkeypatch.setattr(torch.cuda, "Stream", stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
         monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
         monkeypatch.setattr(probe, "CAPTURE_STREAMS", {})
 
@@ -477,3 +482,30 @@ def test_a_rate_above_its_ceiling_is_named_a_bug_until_measuring_again_lifts_the
     (again,) = roofline.analyze(load(f"{store_path}::{run_id}"))[0].values()
     for low, measured in zip(point.phases, again.phases):
         assert measured.of_ceiling < low.of_ceiling / 10, (low.phase, low.of_ceiling, measured.of_ceiling)
+
+
+def test_a_graphed_timer_orders_its_side_stream_after_the_stream_that_made_its_inputs(monkeypatch):
+    # The inputs were made on the current stream; the warm-up, the calibration and the capture read them on the
+    # side stream, which must wait for them first (here without CUDA: the streams and the graph record what they do).
+    done = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            done.append(f"{self.name} waits for {other.name}")
+
+    @contextlib.contextmanager
+    def on(stream, **_):
+        done.append(f"on {stream.name}")
+        yield
+
+    side, current = Stream("side"), Stream("current")
+    monkeypatch.setattr(probe, "capture_stream", lambda device: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, stream=None: on(stream))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: type("Graph", (), {"replay": lambda self: None})())
+    probe.Timer(lambda: done.append("call"), work=1.0, device=torch.device("cpu"), graphed=True)
+    assert done[0] == "side waits for current" and done[1] == "on side" and "call" in done

@@ -1,13 +1,14 @@
 """Steady SPS of the frontier's targets on one GPU, one configuration after another in one process (no interpreter,
 import or CUDA start-up between them), each for a steady window of `steady_seconds` after two warm-up epochs.
 
-    python results/gpu-checks-frontier/sweep.py old|new DEADLINE_UNIX OUT.jsonl
+    python results/gpu-checks-frontier/sweep.py old|new DEADLINE_UNIX OUT.jsonl [TRACE_DIR]
 
 Run from the root of the code to measure: `old` is the code before graph_scope (the step path only, from a worktree
 or `git archive` of it, with PYTHONPATH=. there), `new` this checkout. Stops before a configuration once less than
 20 s are left before DEADLINE_UNIX. Each line of OUT.jsonl is one configuration's side, name, settings, the
 reference_trainer it imported, steady SPS, phase shares, warm-up and capture seconds, dtype used and peak GPU
-memory, or the error that ended it.
+memory, or the error that ended it. With TRACE_DIR, each configuration also runs three epochs with the last one
+traced, and its line adds that epoch's GPU busy share, kernels and launches per agent step and kernels by phase.
 """
 
 import gc
@@ -32,6 +33,7 @@ def point(envs: int, **knobs) -> dict:
 # the targets' two points on both sides, then the whole calls this code adds
 BOTH_SIDES = [
     ("graphs 8192 synthetic-device", point(8192, cuda_graphs=True)),
+    ("eager 8192 synthetic-device", point(8192)),
     ("eager 4096 synthetic", point(4096, env="synthetic")),
 ]
 NEW_ONLY = [
@@ -43,6 +45,7 @@ NEW_ONLY = [
 
 def main() -> None:
     side, deadline, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    trace_root = sys.argv[4] if len(sys.argv) > 4 else None
     configs = BOTH_SIDES + (NEW_ONLY if side == "new" else [])
     for name, settings in configs:
         if time.time() > deadline - 20:
@@ -58,6 +61,8 @@ def main() -> None:
                         "warmup_seconds": summary["warmup_seconds"], "compile_seconds": summary["compile_seconds"],
                         "steady_steps": summary["steady_steps"], "dtype_used": summary["dtype_used"],
                         "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30, "wall": time.time() - started})
+            if trace_root and time.time() < deadline - 20:
+                row["traced"] = traced_epoch(settings, f"{trace_root}/{side}-{name.replace(' ', '_').replace(',', '')}")
         except Exception as error:  # one configuration's failure must not cost the others their figures
             row["error"] = f"{type(error).__name__}: {error}"
         print(json.dumps(row), flush=True)
@@ -66,6 +71,21 @@ def main() -> None:
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def traced_epoch(settings: dict, trace_dir: str) -> dict:
+    """One traced steady epoch after the warm-up, summarised as `rlperf profile` does: what each configuration puts
+    on the GPU per agent step, read from the trace rather than from timers."""
+    from profilers.trace_summary import summarize_trace
+
+    traced = {**settings, "total_steps": 3 * settings["num_envs"] * settings["horizon"], "steady_seconds": 0.0,
+              "trace_dir": trace_dir, "trace_epochs": 1}
+    summary = trainer.train(from_dict(traced))
+    trace = summarize_trace(summary["trace"], summary)
+    return {"busy_fraction": (trace.get("gpu") or {}).get("busy_fraction"),
+            "kernels_per_agent_step": trace.get("kernels_per_env_step"),
+            "launches_per_agent_step": trace.get("launches_per_env_step"),
+            "kernels_by_phase": trace.get("kernels_by_phase"), "gpu_unavailable": trace.get("gpu_unavailable")}
 
 
 if __name__ == "__main__":

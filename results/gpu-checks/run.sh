@@ -1,20 +1,22 @@
 #!/bin/bash
-# The GPU checks prepared on a CPU machine, for the next session with a GPU, from the repository's root, in the
-# order they matter; each part fits one call of at most 10 minutes (`run` keeps the machine warm between calls):
-#   OUT=<dir> BUDGET=240 PART=1 bash results/gpu-checks/run.sh   the probe's GPU test and the GPU smoke with its
-#                                                                roofline (about 3.5 min on an H200)
-#   OUT=<dir> BUDGET=580 PART=2 bash results/gpu-checks/run.sh   `rlperf doctor` (about 8 min on an H200, 10 on
-#                                                                an H100: docs/gpu-runner.md), then `pytest -m "not
-#                                                                gpu"` in what is left
-#   OUT=<dir> BUDGET=580 PART=3 bash results/gpu-checks/run.sh   the event measurements (about 6 min: pairs of
-#                                                                fresh processes, results/gpu-checks/pairs.py), then
-#                                                                `pytest -m "not gpu"` in what is left
-# Everything lands in $OUT/w/ and is tarred into $OUT/gpu.tgz (files over 8 MB left out, listed in left_out.txt).
-# The wheels torch's image lacks (gymnasium, farama-notifications, ale-py, holistictraceanalysis, plotly, pydot,
-# pytest-timeout) go in .whl/ (carry it). Steps run in order, each with a time cap; a step that no longer fits
-# is skipped. A cap ends a step as Ctrl-C does, so pytest and rlperf still print what they have.
+# The GPU checks prepared on a CPU machine, in one call that fits 8 minutes of a 15-minute loan, from the repository's
+# root, in the order they matter (README.md beside this file says why each part is there and what it reads):
+#   mkdir -p .old && git archive f271f73 | tar -x -C .old    # the code before graph_scope, beside this one
+#   OUT=<dir> bash results/gpu-checks/run.sh                  # carry .old and .whl; BUDGET=480 by default
+# Planned seconds (H100), 480 in all; each part has a cap, and a part that no longer fits is skipped:
+#   setup   40  the wheels torch's image lacks, from .whl/, and this checkout installed
+#   1      130  pytest -m gpu: the graph tests, the probe's, the phase timing's and the attach test
+#   2      120  the GPU smoke (`rlperf bench --suite gpu-smoke`) and its roofline rows (every peak measured)
+#   3      110  the frontier at 8192 envs: eager and --graph-scope step|rollout|update|both, this code against the
+#               old in the same run (sweep.py), each configuration's traced epoch: GPU busy share, kernels per step
+#   4       80  `rlperf doctor`'s mini-night, its own command (3 nightly points, working tree against HEAD):
+#               the screen's first pairs on the device copy; its whole 180 s night is rest.sh PART=1
+# What does not fit runs in results/gpu-checks/rest.sh, in the same form. Each part writes under $OUT/w/ as it
+# finishes, and the end tars it into $OUT/gpu.tgz (files over 8 MB left out, listed in left_out.txt). A cap ends a
+# part as Ctrl-C does, so pytest and rlperf still print what they have.
 set -u
-T0=$(date +%s); DL=$((T0 + ${BUDGET:-560}))
+HERE=$(cd "$(dirname "$0")" && pwd)
+T0=$(date +%s); DL=$((T0 + ${BUDGET:-480}))
 W=$(cd "$OUT" && pwd)/w; mkdir -p "$W"
 trap 'find "$W" -type f -size +8M -printf "%P %s\n" > "$W/left_out.txt"; find "$W" -type f -size +8M -delete;
       tar -czf "$OUT/gpu.tgz" -C "$OUT" w' EXIT
@@ -27,47 +29,32 @@ step() {  # step NAME CAP_SECONDS COMMAND...: runs it for at most CAP, or what i
   echo "$name rc=$rc $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $started}") s (cap $cap)" | tee -a "$W/steps.txt"
 }
 R=(python3 -m command.cli)
-PAIRS=(python3 results/gpu-checks/pairs.py)
-EAGER=(--env synthetic --device cuda --num-envs 4096 --horizon 64 --minibatch-size 16384 --update-epochs 1
-       --hidden-size 128 --total-steps 3145728 --warmup-epochs 2)
-BREAKOUT=(--env gym:ale_py:ALE/Breakout-v5 --encoder cnn --num-envs 256 --horizon 32 --minibatch-size 2048
-          --hidden-size 256 --device cuda --total-steps 2621440 --steady-seconds 6 --warmup-epochs 2 --env-workers 8)
-# where each env group's worker waits on its actions' CUDA event: pinned non_blocking copies, two groups
-FAST=(--env-groups 2 --pinned --non-blocking --cuda-graphs)
+OLD=(env -C .old PYTHONPATH=/tmp/site:. python3)
+SWEEP=$HERE/../gpu-checks-frontier/sweep.py
 ROOFLINE='import sys; from pathlib import Path; from benches.readiness import smoke_roofline_problem
 w = Path(sys.argv[1]); problem = smoke_roofline_problem(w / "smoke" / "results.sqlite", w / "smoke.log")
 print(problem or "the smoke roofline is whole: every peak measured, every point placed"); sys.exit(1 if problem else 0)'
 
 { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE,TEMPERATURE,POWER; nproc; python3 -VV;
   python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())';
-  git log -1 --format='%H %s'; git status --short | head -20; } > "$W/machine.txt" 2>&1
-step wheels 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-step install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
-case "${PART:-1}" in
-1)
-  # the probe's graphs over 42 kernels at once, then what a GPU user sees first
-  step probe_test 100 python3 -m pytest -v -rs -p no:cacheprovider \
-    tests/test_gpu_knobs.py::test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs
-  step smoke 200 "${R[@]}" bench --suite gpu-smoke --device cuda --out "$W/smoke"
-  step smoke_roofline 30 python3 -c "$ROOFLINE" "$W"
-  ;;
-2)
-  step doctor 590 "${R[@]}" doctor --out "$W/doctor"
-  step not_gpu 600 python3 -m pytest -m "not gpu" -rs -p no:cacheprovider --durations=30 tests
-  ;;
-3)
-  # with and without the reuse of the phase timer's events, eager (its launches pace the step): 4 pairs
-  step events_eager_4096 150 "${PAIRS[@]}" --variants events-made events-reused --pairs 4 --out "$W/events_4096" \
-    -- "${EAGER[@]}"
-  # a worker spinning on its event against one sleeping until the GPU signals: the synthetic env (a near-free env,
-  # where the wake-up's latency shows) and Breakout (16 cores of emulators, where the spinning cores are theirs)
-  step wait_synthetic_4096 150 "${PAIRS[@]}" --variants spin blocking --pairs 4 --out "$W/wait_synthetic" \
-    -- "${EAGER[@]}" "${FAST[@]}"
-  step wait_breakout_256 210 "${PAIRS[@]}" --variants spin blocking --pairs 3 --out "$W/wait_breakout" \
-    -- "${BREAKOUT[@]}" "${FAST[@]}"
-  step not_gpu 600 python3 -m pytest -m "not gpu" -rs -p no:cacheprovider --durations=30 tests
-  ;;
-esac
+  ls .old > /dev/null 2>&1 && echo "old code in .old" || echo "no .old: the old side is skipped"; } > "$W/machine.txt" 2>&1
+step wheels 25 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+step install 25 python3 -m pip install -q --no-deps --no-build-isolation -e .
+# 1. the GPU tests of what this change touched: whole graphs against eager cuDNN, launches as traced, the probe
+step gpu_tests 130 python3 -m pytest -m gpu -v -rs -p no:cacheprovider --durations=15 tests/test_gpu_graphs.py \
+  tests/test_lstm_pieces.py tests/test_phases.py tests/test_attach.py \
+  tests/test_gpu_knobs.py::test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs
+# 2. what a GPU user sees first, and whether its roofline is whole
+step smoke 110 "${R[@]}" bench --suite gpu-smoke --device cuda --out "$W/smoke"
+step smoke_roofline 10 python3 -c "$ROOFLINE" "$W"
+# 3. the frontier, the old side first (its process ends before this one starts)
+[ -d .old ] && step sweep_old 40 "${OLD[@]}" "$SWEEP" old $(( $(date +%s) + 36 )) "$W/sweep.jsonl" "$W/traces"
+step sweep_new 70 python3 "$SWEEP" new $(( $(date +%s) + 66 )) "$W/sweep.jsonl" "$W/traces"
+# 4. the doctor's night needs HEAD; a device copy has no .git, so its working tree is committed as HEAD first
+[ -d .git ] || { git init -q && git add -A -- . ":!.old" && git -c user.name=gpu -c user.email=gpu@localhost commit -qm copy; } \
+  > "$W/git.log" 2>&1
+step night 80 "${R[@]}" gate --suite doctor-night --baseline HEAD --screen-pairs 2 --refine-points 0 --night-s 180 \
+  --out "$W/night" --summary "$W/night/gate.json"
 { nvidia-smi -q -d CLOCK,PERFORMANCE,TEMPERATURE; } > "$W/machine_end.txt" 2>&1
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$W/steps.txt"
