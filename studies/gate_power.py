@@ -27,14 +27,14 @@ from benches.night import (LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCR
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from studies import night_forecast
-from studies.simulated import NOISES, Noise, SimulatedMachine, parse_noise
+from studies.simulated import NOISES, Noise, SimulatedMachine, SimulatedRunner, parse_noise
 from decisions import screening as rules
 from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput
 from rlperf.forkserver import LAUNCHES
-from rlperf.store import Store
+from rlperf.store import PointRecord, Store
 
 # the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
@@ -91,20 +91,30 @@ def simulate_night(night: Night, machine: SimulatedMachine, points: list[suites.
     slowed = points[rng.integers(len(points))] if index % 2 else None
     machine.new_night(rng)
     machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
-    processes = [0]
-    stage_started = {}
+    stages = StageLog(machine)
+    found = night.run(points, stages.runners, stages.record, lambda point: None, lambda point: [], night_s)
+    return SimulatedNight(slowed, found, stages.processes, stages.seconds())
 
-    def record(stage: str, side: str, point_record) -> None:
-        processes[0] += len(point_record.samples)
 
-    def runners(stage: str):
-        stage_started[stage] = machine.clock()
-        return {side: machine.runner(side, SCRATCH) for side in SIDES}
+@dataclass
+class StageLog:
+    """The drawn runners of a simulated night's stages, and what they ran: the processes, counted as they are
+    recorded, and each stage's start on the machine's clock."""
 
-    found = night.run(points, runners, record, lambda point: None, lambda point: [], night_s)
-    ends = list(stage_started.values())[1:] + [machine.clock()]  # each stage ends where the next starts
-    return SimulatedNight(slowed, found, processes[0],
-                          {stage: end - start for (stage, start), end in zip(stage_started.items(), ends)})
+    machine: SimulatedMachine
+    processes: int = 0
+    started: dict[str, float] = field(default_factory=dict)
+
+    def runners(self, stage: str) -> dict[str, SimulatedRunner]:
+        self.started[stage] = self.machine.clock()
+        return {side: self.machine.runner(side, SCRATCH) for side in SIDES}
+
+    def record(self, stage: str, side: str, point_record: PointRecord) -> None:
+        self.processes += len(point_record.samples)
+
+    def seconds(self) -> dict[str, float]:
+        ends = list(self.started.values())[1:] + [self.machine.clock()]  # each stage ends where the next starts
+        return {stage: end - start for (stage, start), end in zip(self.started.items(), ends)}
 
 
 @dataclass
