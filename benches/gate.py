@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from benches import forecast, suite as suites
-from benches.night import MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import (MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, NightSetup, fitted_night,
+                           gate_plan, set_up_night)
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peak_probe import measure_run_peaks
@@ -71,92 +72,44 @@ class Gate:
         machine = self.machine or working.probe_machine()
         suite, overrides = opts.suite_on(machine)
         current = collect(machine, suite.suite_hash, overrides)
-        fingerprints = {"ref": {**current, "git": commit_state(commit, self.baseline)},
-                        "new": current}
+        fingerprints = {"ref": {**current, "git": commit_state(commit, self.baseline)}, "new": current}
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
-        utilization = UtilizationProbe(opts.sample_hz_for(suite))
-        timeout = opts.timeout_for(suite)
         with worktree(commit, self.say) as tree, working.beside(tree) as baseline, \
                 Store.open(store_path) as store:
-            launchers = {"ref": baseline, "new": working}
-
-            def create(stage: str) -> None:
-                for side in SIDES:
-                    entry = {"stage": stage, "side": side, "baseline": self.baseline, "plan": plan.to_dict(),
-                             "screen_pairs": allocation,
-                             "runs": {f"{s}_{d}": r for (s, d), r in self.runs.items()}}
-                    label = f"{opts.label or 'gate'} {stage}: " + \
-                        (f"{self.baseline} ({commit[:10]})" if side == "ref" else "working tree")
-                    self.runs[(stage, side)] = store.create_run(
-                        suite.name, suite.suite_hash, {**fingerprints[side], rules.GATE: entry},
-                        machine_key(current), label)
-                lock.update(run_id=self.runs[(stage, "new")])
-
-            def runners(stage: str) -> dict[str, PointRunner]:
-                return {side: PointRunner(opts.out_dir / self.runs[(stage, side)], plan.max_pairs, timeout,
-                                          utilization, trainer_command, launchers[side])
-                        for side in SIDES}
-
             runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
-            history = forecast.screen_history(store, machine_key(current), runnable, plan)
-            allocation = rules.screen_allocation(history, plan)
-            plan = replace(plan, point_spreads=rules.relative_spreads(history))
-
-            def forecast_night() -> forecast.Forecast | None:
-                return forecast.predict(store, machine_key(current), runnable, plan, self.night_s, opts.launch,
-                                        allocation)
-
-            def fitted(heading: str = "forecast", fixed: frozenset[str] = frozenset()) \
-                    -> tuple[forecast.Forecast | None, list[str]]:
-                """The forecast, and what it says, once the night is fitted to leave the confirmation its reserve:
-                fewer screen pairs, and before any point is screened fewer suspects (a refusal, exit 2, where
-                nothing fits)."""
-                nonlocal plan
-                predicted = forecast_night()
-                if predicted is None:
-                    return None, []
-                costs = {point.key: cost.process_s for point, cost in zip(runnable, predicted.points)}
-                fit = forecast.fit_night(costs, allocation, plan, self.night_s, plan.point_spreads, fixed,
-                                         fewer_suspects=not fixed)
-                line = forecast.fit_line(fit, runnable, plan, self.night_s, history)
-                allocation.update(fit.pairs)
-                plan = replace(plan, max_suspects=fit.suspects)
-                predicted = forecast_night()
-                return predicted, ([line] if line else []) + predicted.lines(heading)
-
-            def record(stage: str, side: str, point_record: PointRecord) -> None:
-                nonlocal predicted
-                store.record_point(self.runs[(stage, side)], point_record)
-                if predicted is None and stage == "screen" and side == SIDES[-1]:
-                    # a machine the store knew nothing of: from this point on
-                    predicted, lines = fitted("forecast from the screen's first point",
-                                              frozenset({point_record.point_key}))
-                    for line in lines:
-                        self.say(line)
-
-            predicted, foreword = fitted()  # from the runs before tonight's
-            foreword = foreword or [forecast.unknown(store, machine_key(current))]
-            create("screen")
+            tonight = Tonight(commit, suite, machine, machine_key(current), runnable, fingerprints,
+                              {"ref": baseline, "new": working},
+                              forecast.screen_history(store, machine_key(current), runnable, plan))
+            setup = set_up_night(plan, tonight.history, None, self.night_s)
+            setup, predicted, foreword = self.fitted(store, tonight, setup)  # from the runs before tonight's
+            foreword = foreword or [forecast.unknown(store, tonight.machine_key)]
+            measuring = Measuring(self, store, lock, tonight, setup, predicted)
+            measuring.create("screen")
             self.say(f"gate: suite {suite.name}, {len(suite.points)} points, against {self.baseline} "
                      f"({commit[:10]}); runs {self.runs[('screen', 'ref')]} and {self.runs[('screen', 'new')]}, "
                      f"store {store.path}")
-            for line in [allocation_line(runnable, allocation, history, plan), *foreword]:
+            for line in [allocation_line(runnable, setup.screen_pairs, tonight.history, setup.plan), *foreword]:
                 self.say(line)
-            started = time.monotonic()
-            night = Night(plan, self.say, screen_pairs=allocation)
-            try:
-                night.run(list(suite.points), runners, record, lambda p: machine.skip_reason(p.config),
-                          lambda p: machine.gpu_uuids(p.config), self.night_s, start_stage=create)
-                if predicted is not None:
-                    self.say(predicted.review(store, self.runs, time.monotonic() - started))
-                measure_run_peaks(store, machine_key(current), self.runs[("screen", "new")], self.say)
-            except (KeyboardInterrupt, BadInput):  # interrupted, or refused once the first point forecast the night
-                for run_id in self.runs.values():
-                    store.finish_run(run_id, "interrupted")
-                raise
-            for run_id in self.runs.values():
-                store.finish_run(run_id, "complete")
-        return plan
+            measuring.run()
+        return measuring.setup.plan
+
+    def forecast_night(self, store: Store, tonight: "Tonight", setup: NightSetup) -> forecast.Forecast | None:
+        return forecast.predict(store, tonight.machine_key, tonight.runnable, setup.plan, self.night_s,
+                                self.options.launch, setup.screen_pairs)
+
+    def fitted(self, store: Store, tonight: "Tonight", setup: NightSetup, heading: str = "forecast",
+               screened: frozenset[str] = frozenset()) -> tuple[NightSetup, forecast.Forecast | None, list[str]]:
+        """The night fitted to leave the confirmation its reserve (fewer screen pairs, and before any point is
+        screened fewer suspects; a refusal, exit 2, where nothing fits), its forecast and what that says: `setup`
+        as it was, None and nothing where the store knows no process of these points here."""
+        predicted = self.forecast_night(store, tonight, setup)
+        if predicted is None:
+            return setup, None, []
+        costs = {point.key: cost.process_s for point, cost in zip(tonight.runnable, predicted.points)}
+        fitted = fitted_night(setup, costs, self.night_s, screened)
+        line = forecast.fit_line(fitted.fit, tonight.runnable, setup.plan, self.night_s, tonight.history)
+        predicted = self.forecast_night(store, tonight, fitted)
+        return fitted, predicted, ([line] if line else []) + predicted.lines(heading)
 
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""
@@ -181,6 +134,82 @@ class Gate:
                 "conclusion": rules.conclusion(found), "points": [rules.summary_row(v) for v in found]})
         self.say(rules.conclusion(found))
         return code
+
+
+@dataclass(frozen=True)
+class Tonight:
+    """What the gate's night measures on: the baseline commit, the suite, the machine and the points it can run,
+    each side's fingerprint and launcher, and the points' pairs on earlier nights here."""
+
+    commit: str
+    suite: suites.Suite
+    machine: Machine
+    machine_key: str
+    runnable: list[suites.Point]
+    fingerprints: dict[str, dict]  # by side
+    launchers: dict[str, Launcher]  # by side
+    history: dict[str, list[tuple]]  # by point key (benches/forecast.py screen_history)
+
+
+class Measuring:
+    """The gate's night in progress: its runs created as each stage starts, each point stored as it lands, and on a
+    machine the store knew nothing of, the night fitted again after the screen's first point."""
+
+    def __init__(self, gate: Gate, store: Store, lock: MeasurementLock, tonight: Tonight, setup: NightSetup,
+                 predicted: forecast.Forecast | None):
+        self.gate, self.store, self.lock, self.tonight = gate, store, lock, tonight
+        self.setup, self.predicted = setup, predicted
+        self.night = Night(setup.plan, gate.say, screen_pairs=setup.screen_pairs)
+        self.utilization = UtilizationProbe(gate.options.sample_hz_for(tonight.suite))
+
+    def run(self) -> None:
+        gate, store, tonight = self.gate, self.store, self.tonight
+        started = time.monotonic()
+        try:
+            self.night.run(list(tonight.suite.points), self.runners, self.record,
+                           lambda p: tonight.machine.skip_reason(p.config),
+                           lambda p: tonight.machine.gpu_uuids(p.config), gate.night_s, start_stage=self.create)
+            if self.predicted is not None:
+                gate.say(self.predicted.review(store, gate.runs, time.monotonic() - started))
+            measure_run_peaks(store, tonight.machine_key, gate.runs[("screen", "new")], gate.say)
+        except (KeyboardInterrupt, BadInput):  # interrupted, or refused once the first point forecast the night
+            for run_id in gate.runs.values():
+                store.finish_run(run_id, "interrupted")
+            raise
+        for run_id in gate.runs.values():
+            store.finish_run(run_id, "complete")
+
+    def create(self, stage: str) -> None:
+        """The stage's two runs, each naming the plan and the runs before it."""
+        gate, tonight = self.gate, self.tonight
+        for side in SIDES:
+            entry = {"stage": stage, "side": side, "baseline": gate.baseline, "plan": self.setup.plan.to_dict(),
+                     "screen_pairs": self.setup.screen_pairs,
+                     "runs": {f"{s}_{d}": r for (s, d), r in gate.runs.items()}}
+            label = f"{gate.options.label or 'gate'} {stage}: " + \
+                (f"{gate.baseline} ({tonight.commit[:10]})" if side == "ref" else "working tree")
+            gate.runs[(stage, side)] = self.store.create_run(
+                tonight.suite.name, tonight.suite.suite_hash, {**tonight.fingerprints[side], rules.GATE: entry},
+                tonight.machine_key, label)
+        self.lock.update(run_id=gate.runs[(stage, "new")])
+
+    def runners(self, stage: str) -> dict[str, PointRunner]:
+        opts, suite = self.gate.options, self.tonight.suite
+        return {side: PointRunner(opts.out_dir / self.gate.runs[(stage, side)], self.setup.plan.max_pairs,
+                                  opts.timeout_for(suite), self.utilization, trainer_command,
+                                  self.tonight.launchers[side])
+                for side in SIDES}
+
+    def record(self, stage: str, side: str, point_record: PointRecord) -> None:
+        self.store.record_point(self.gate.runs[(stage, side)], point_record)
+        if self.predicted is None and stage == "screen" and side == SIDES[-1]:
+            # a machine the store knew nothing of: from this point on
+            self.setup, self.predicted, lines = self.gate.fitted(
+                self.store, self.tonight, self.setup, "forecast from the screen's first point",
+                frozenset({point_record.point_key}))
+            self.night.screen_pairs = self.setup.screen_pairs
+            for line in lines:
+                self.gate.say(line)
 
 
 def allocation_line(points: list[suites.Point], allocation: dict[str, int], history: dict[str, list[tuple]],

@@ -8,9 +8,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from benches import forecast
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import SIDES, Pairing, frames, pair_contention
@@ -50,6 +52,35 @@ def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_sus
                           min_quiet=min(MIN_QUIET, screen_pairs), ranking="evidence",
                           screen_toward=min(0.9, SCREEN_TOWARD * options.threshold), statistic=sequential.CAUCHY,
                           lead_share=LEAD_SHARE, spread_cap=SPREAD_CAP, night_end_undecided=True)
+
+
+@dataclass(frozen=True)
+class NightSetup:
+    """What a night is measured by: its plan, each point's screen pairs (by point key), and the fit that cut them to
+    the night's seconds (None where the night was not fitted)."""
+
+    plan: rules.GatePlan
+    screen_pairs: dict[str, int]
+    fit: forecast.NightFit | None = None
+
+
+def set_up_night(plan: rules.GatePlan, history: dict[str, list[tuple]], costs: dict[str, float] | None,
+                 night_s: float) -> NightSetup:
+    """The night as the gate sets it up before it measures, and as studies/gate_power.py simulates it: the screen's
+    pairs shared by each point's noise on earlier nights (`history`), then, where each point's process is known to
+    cost `costs[key]` seconds, fitted into `night_s`."""
+    weighed = NightSetup(replace(plan, point_spreads=rules.relative_spreads(history)),
+                         rules.screen_allocation(history, plan))
+    return weighed if costs is None else fitted_night(weighed, costs, night_s)
+
+
+def fitted_night(setup: NightSetup, costs: dict[str, float], night_s: float,
+                 screened: frozenset[str] = frozenset()) -> NightSetup:
+    """`setup` fitted into `night_s` at these costs (benches/forecast.py fit_night): once points are `screened`,
+    only the others lose pairs, and the suspects stay as many."""
+    fit = forecast.fit_night(costs, setup.screen_pairs, setup.plan, night_s, setup.plan.point_spreads, screened,
+                             fewer_suspects=not screened)
+    return NightSetup(replace(setup.plan, max_suspects=fit.suspects), {**setup.screen_pairs, **fit.pairs}, fit)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners

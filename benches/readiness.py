@@ -108,7 +108,7 @@ def run_logged(check: Check, log: Path) -> str | None:
     with open(log, "w") as file:
         process = subprocess.Popen(check.command, cwd=REPO_ROOT, stdout=file, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=interruptible)
         try:
             code = process.wait(timeout=check.cap_s)
         except subprocess.TimeoutExpired:
@@ -125,6 +125,12 @@ def run_logged(check: Check, log: Path) -> str | None:
 
 def one_line(exc: Exception) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def interruptible() -> None:
+    """In the check's process before it starts: SIGINT's default back, so the interrupt at its cap stops it even
+    where the doctor was started with SIGINT ignored (a background job, a CI runner), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -22,7 +22,7 @@ from reference_trainer.experience import Experience
 from reference_trainer.policy import Policy
 from reference_trainer.ppo import STAT_NAMES, MinibatchUpdate, PolicyStep
 from reference_trainer.stepping import busy_seconds, env_stepper
-from reference_trainer.summary import summary_of_run
+from reference_trainer.run_summary import summary_of_run
 from rlperf.summary import RunSummary
 from reference_trainer.timing import PhaseTimer, SetupClock
 from reference_trainer.tracing import set_up_cupti_before_capture, start_profiler

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,18 +22,19 @@ from scipy import stats
 
 from benches import forecast
 from benches import suite as suites
-from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, gate_plan
+from benches.night import (LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, Night, NightSetup,
+                           gate_plan, set_up_night)
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from studies import night_forecast
-from studies.simulated import NOISES, Noise, SimulatedMachine, parse_noise
+from studies.simulated import NOISES, Noise, SimulatedMachine, SimulatedRunner, parse_noise
 from decisions import screening as rules
 from decisions import sequential
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from rlperf.arguments import DEFAULT_MAX_REPEATS
 from rlperf.errors import BadInput
 from rlperf.forkserver import LAUNCHES
-from rlperf.store import Store
+from rlperf.store import PointRecord, Store
 
 # the pairs of the screen that read 1.225, 0.950, 1.190 on the H100: how likely is a triple as far out?
 SEEN_TRIPLE = (1.225, 0.950, 1.190)
@@ -55,46 +56,86 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
                                process_s=process_s)
     night = Night(plan, say=lambda text: None, clock=machine.clock)
     history = drawn_history(night, machine, points, history_nights, seed)
-    night.screen_pairs = rules.screen_allocation(history, plan)
-    night.plan = plan = replace(plan, point_spreads=rules.relative_spreads(history))
-    fit = None
-    if fit_night and (walls or process_s):  # the night fitted as the gate fits it to its forecast
-        costs = {point.key: walls.get(point.key, process_s) for point in points}
-        fit = forecast.fit_night(costs, night.screen_pairs, plan, night_s, plan.point_spreads)
-        night.screen_pairs = fit.pairs
-        night.plan = plan = replace(plan, max_suspects=fit.suspects)
-    screen_processes = 2 * sum(night.screen_pairs.values())
-    outcome = {"null": Counter(), "slowed": Counter()}
-    processes = {"null": [], "slowed": []}
-    seconds = {"null": [], "slowed": []}
-    lost = Counter()  # where the slowed point was lost on bad nights
-    by_point = {"nights": Counter(), "caught": Counter()}  # bad nights and catches, by the slowed point's label
+    # the night fitted as the gate fits it to its forecast, where the processes cost anything
+    costs = {point.key: walls.get(point.key, process_s) for point in points} \
+        if fit_night and (walls or process_s) else None
+    setup = set_up_night(plan, history, costs, night_s)
+    night.plan, night.screen_pairs = setup.plan, setup.screen_pairs
+    tallies = Tallies()
     for index in range(nights):
-        kind = "slowed" if index % 2 else "null"
-        # each night draws from its own seed, so gates simulated with the same seed meet the same nights
-        rng = np.random.default_rng([seed, index])
-        night.rng = random.Random(int(rng.integers(2 ** 63)))
-        slowed = points[rng.integers(len(points))] if kind == "slowed" else None
-        machine.new_night(rng)
-        machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
-        count = [0]
-        stage_started = {}
+        tallies.add(simulate_night(night, machine, points, slowdown, seed, index, night_s), setup.plan)
+    return tallies.results(points, setup)
 
-        def record(stage: str, side: str, point_record) -> None:
-            count[0] += len(point_record.samples)
 
-        def runners(stage: str):
-            stage_started[stage] = machine.clock()
-            return {side: machine.runner(side, SCRATCH) for side in SIDES}
+@dataclass(frozen=True)
+class SimulatedNight:
+    """One simulated night: the point slowed (None on a null night), the verdicts, the processes it ran and each
+    stage's seconds."""
 
-        found = night.run(points, runners, record, lambda point: None, lambda point: [], night_s)
-        processes[kind].append(count[0])
-        ends = list(stage_started.values())[1:] + [machine.clock()]  # each stage ends where the next starts
-        seconds[kind].append({stage: end - start for (stage, start), end in zip(stage_started.items(), ends)})
+    slowed: suites.Point | None
+    found: list[rules.GateVerdict]
+    processes: int
+    stage_seconds: dict[str, float]
+
+    @property
+    def kind(self) -> str:
+        return "null" if self.slowed is None else "slowed"
+
+
+def simulate_night(night: Night, machine: SimulatedMachine, points: list[suites.Point], slowdown: float, seed: int,
+                   index: int, night_s: float) -> SimulatedNight:
+    """Night `index`, every odd one with a point slowed by `slowdown`, drawn from seeds of its own, so gates
+    simulated with the same seed meet the same nights."""
+    rng = np.random.default_rng([seed, index])
+    night.rng = random.Random(int(rng.integers(2 ** 63)))
+    slowed = points[rng.integers(len(points))] if index % 2 else None
+    machine.new_night(rng)
+    machine.slowdowns = {("new", slowed.key): slowdown} if slowed else {}
+    stages = StageLog(machine)
+    found = night.run(points, stages.runners, stages.record, lambda point: None, lambda point: [], night_s)
+    return SimulatedNight(slowed, found, stages.processes, stages.seconds())
+
+
+@dataclass
+class StageLog:
+    """The drawn runners of a simulated night's stages, and what they ran: the processes, counted as they are
+    recorded, and each stage's start on the machine's clock."""
+
+    machine: SimulatedMachine
+    processes: int = 0
+    started: dict[str, float] = field(default_factory=dict)
+
+    def runners(self, stage: str) -> dict[str, SimulatedRunner]:
+        self.started[stage] = self.machine.clock()
+        return {side: self.machine.runner(side, SCRATCH) for side in SIDES}
+
+    def record(self, stage: str, side: str, point_record: PointRecord) -> None:
+        self.processes += len(point_record.samples)
+
+    def seconds(self) -> dict[str, float]:
+        ends = list(self.started.values())[1:] + [self.machine.clock()]  # each stage ends where the next starts
+        return {stage: end - start for (stage, start), end in zip(self.started.items(), ends)}
+
+
+@dataclass
+class Tallies:
+    """What the nights came to, null and slowed nights apart."""
+
+    outcome: dict[str, Counter] = field(default_factory=lambda: {"null": Counter(), "slowed": Counter()})
+    processes: dict[str, list[int]] = field(default_factory=lambda: {"null": [], "slowed": []})
+    seconds: dict[str, list[dict]] = field(default_factory=lambda: {"null": [], "slowed": []})
+    lost: Counter = field(default_factory=Counter)  # where the slowed point was lost on bad nights
+    # bad nights and catches, by the slowed point's label
+    by_point: dict[str, Counter] = field(default_factory=lambda: {"nights": Counter(), "caught": Counter()})
+
+    def add(self, simulated: SimulatedNight, plan: rules.GatePlan) -> None:
+        found, slowed = simulated.found, simulated.slowed
+        self.processes[simulated.kind].append(simulated.processes)
+        self.seconds[simulated.kind].append(simulated.stage_seconds)
         verdicts = {verdict.screen.point_key: verdict for verdict in found}
         regressed = [v for v in found if v.status == rules.REGRESSED]
         exit_code = rules.exit_code(found)
-        tally = outcome[kind]
+        tally = self.outcome[simulated.kind]
         tally["nights"] += 1
         tally[f"exit {exit_code}"] += 1
         tally["undecided"] += any(v.status == rules.UNDECIDED for v in found)
@@ -104,51 +145,55 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
         if slowed is None:
             tally["false night"] += bool(regressed)
             tally["false claims"] += len(regressed)
-        else:
-            caught = verdicts[slowed.key].status == rules.REGRESSED
-            by_point["nights"][slowed.label] += 1
-            by_point["caught"][slowed.label] += caught
-            strongest = max(found, key=lambda v: v.screen.evidence if math.isfinite(v.screen.evidence) else -math.inf)
-            tally["slowed the strongest suspect"] += strongest.screen.point_key == slowed.key
-            lost[where_lost(verdicts[slowed.key], found, plan)] += 1
-            tally["caught"] += caught
-            tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
-            tally["others claimed"] += sum(v.screen.point_key != slowed.key for v in regressed)
-            if caught:
-                tally["estimate sum"] += verdicts[slowed.key].confirmation.sps.relative
-    null, bad = outcome["null"], outcome["slowed"]
-    return {
-        "exit codes": {kind: {code: rate(tally[f"exit {code}"], tally["nights"]) for code in (0, 1, 3)}
-                       for kind, tally in (("null", null), ("slowed", bad))},
-        "nights with an undecided suspect": {kind: rate(tally["undecided"], tally["nights"])
-                                             for kind, tally in (("null", null), ("slowed", bad))},
-        "screen fitted to the night": None if fit is None else {
-            "cut": {next(p.label for p in points if p.key == key): f"{before} -> {after}"
-                    for key, (before, after) in fit.cut.items()},
-            "suspects": fit.suspects, "screen_s": fit.screen_s, "refine_s": fit.refine_s,
-            "reserve_s": fit.reserve_s},
-        "false night": rate(null["false night"], null["nights"]),
-        "null night failed (any cause)": rate(null["job failed"], null["nights"]),
-        "null night could not measure": rate(null["could not measure"], null["nights"]),
-        "caught and the job failed": rate(bad["caught and failed"], bad["nights"]),
-        "caught": rate(bad["caught"], bad["nights"]),
-        "the slowed point's evidence the strongest": rate(bad["slowed the strongest suspect"], bad["nights"]),
-        "other points claimed on bad nights": rate(bad["others claimed"], bad["nights"] * (len(points) - 1)),
-        "suspects confirmed per null night": null["suspects"] / max(1, null["nights"]),
-        "processes per null night": float(np.mean(processes["null"])),
-        "processes per bad night": float(np.mean(processes["slowed"])),
-        "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
-        "screen pairs": {point.label: night.screen_pairs[point.key] for point in points},
-        "pairs confirmed per null night": confirmed_pairs(processes["null"], screen_processes),
-        "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], screen_processes),
-        "confirmation seconds per null night": stage_seconds(seconds["null"], "confirm"),
-        "confirmation seconds per bad night": stage_seconds(seconds["slowed"], "confirm"),
-        "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
-        "refinement seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "refine"),
-        "the slowed point on bad nights": {what: rate(hits, bad["nights"]) for what, hits in sorted(lost.items())},
-        "caught by the slowed point": {label: f"{by_point['caught'][label]} of {nights}"
-                                       for label, nights in sorted(by_point["nights"].items())},
-    }
+            return
+        caught = verdicts[slowed.key].status == rules.REGRESSED
+        self.by_point["nights"][slowed.label] += 1
+        self.by_point["caught"][slowed.label] += caught
+        strongest = max(found, key=lambda v: v.screen.evidence if math.isfinite(v.screen.evidence) else -math.inf)
+        tally["slowed the strongest suspect"] += strongest.screen.point_key == slowed.key
+        self.lost[where_lost(verdicts[slowed.key], found, plan)] += 1
+        tally["caught"] += caught
+        tally["caught and failed"] += caught and exit_code == rules.EXIT_REGRESSED
+        tally["others claimed"] += sum(v.screen.point_key != slowed.key for v in regressed)
+        if caught:
+            tally["estimate sum"] += verdicts[slowed.key].confirmation.sps.relative
+
+    def results(self, points: list[suites.Point], setup: NightSetup) -> dict:
+        null, bad = self.outcome["null"], self.outcome["slowed"]
+        processes, seconds, fit = self.processes, self.seconds, setup.fit
+        screen_processes = 2 * sum(setup.screen_pairs.values())
+        return {
+            "exit codes": {kind: {code: rate(tally[f"exit {code}"], tally["nights"]) for code in (0, 1, 3)}
+                           for kind, tally in (("null", null), ("slowed", bad))},
+            "nights with an undecided suspect": {kind: rate(tally["undecided"], tally["nights"])
+                                                 for kind, tally in (("null", null), ("slowed", bad))},
+            "screen fitted to the night": None if fit is None else {
+                "cut": {next(p.label for p in points if p.key == key): f"{before} -> {after}"
+                        for key, (before, after) in fit.cut.items()},
+                "suspects": fit.suspects, "screen_s": fit.screen_s, "refine_s": fit.refine_s,
+                "reserve_s": fit.reserve_s},
+            "false night": rate(null["false night"], null["nights"]),
+            "null night failed (any cause)": rate(null["job failed"], null["nights"]),
+            "null night could not measure": rate(null["could not measure"], null["nights"]),
+            "caught and the job failed": rate(bad["caught and failed"], bad["nights"]),
+            "caught": rate(bad["caught"], bad["nights"]),
+            "the slowed point's evidence the strongest": rate(bad["slowed the strongest suspect"], bad["nights"]),
+            "other points claimed on bad nights": rate(bad["others claimed"], bad["nights"] * (len(points) - 1)),
+            "suspects confirmed per null night": null["suspects"] / max(1, null["nights"]),
+            "processes per null night": float(np.mean(processes["null"])),
+            "processes per bad night": float(np.mean(processes["slowed"])),
+            "mean estimate when caught": bad["estimate sum"] / max(1, bad["caught"]),
+            "screen pairs": {point.label: setup.screen_pairs[point.key] for point in points},
+            "pairs confirmed per null night": confirmed_pairs(processes["null"], screen_processes),
+            "pairs confirmed per bad night": confirmed_pairs(processes["slowed"], screen_processes),
+            "confirmation seconds per null night": stage_seconds(seconds["null"], "confirm"),
+            "confirmation seconds per bad night": stage_seconds(seconds["slowed"], "confirm"),
+            "screen seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "screen"),
+            "refinement seconds per night": stage_seconds(seconds["null"] + seconds["slowed"], "refine"),
+            "the slowed point on bad nights": {what: rate(hits, bad["nights"]) for what, hits in sorted(self.lost.items())},
+            "caught by the slowed point": {label: f"{self.by_point['caught'][label]} of {nights}"
+                                           for label, nights in sorted(self.by_point["nights"].items())},
+        }
 
 
 def stored_walls(store_path: Path, points: list[suites.Point], plan: rules.GatePlan, launch: str) -> dict[str, float]:

@@ -294,26 +294,35 @@ def test_bisect_names_the_commit_of_a_users_repository_that_slowed_its_learn_ste
     assert commits == {git(slowed_repo, "rev-parse", ref) for ref in ("HEAD", "HEAD~1", "HEAD~2")}
 
 
+PROCESSES_A_RUN = 3
+
+
 def history_of(bisect_store: Path, path: Path) -> None:
-    """A store whose history has a change point, made of the bisection's own processes: GOOD's samples as runs of
-    one process each at GOOD's commit, then BAD's at BAD's, in the order and with the fingerprints the bench
-    gives such runs (what `rlperf bench` would store night after night, without measuring it all again)."""
+    """A store whose history has a change point, made of the bisection's first step: runs at GOOD's commit, then as
+    many at BAD's, with the fingerprints the bench gives such runs (what `rlperf bench` would store night after night,
+    without measuring it all again). The two sides' processes ran in pairs, at one time, and each run holds
+    PROCESSES_A_RUN of its side's (its own and the next, round the side): a process a busy machine slowed cannot move
+    a run's level, and no drift between the bisection's steps places a change among GOOD's runs."""
     with Store.open(bisect_store, readonly=True) as store:
         runs = store.runs()
         sides = {"good": [], "probe": []}
         for row in runs.itertuples():
             step = row.fingerprint["bisect"]
-            if step["step"] == 1 or step["side"] == "good":
+            if step["step"] == 1:
                 point = store.points(row.run_id).iloc[0]
                 sides[step["side"]] += [(row, point, summary) for summary in store.samples(row.run_id)["summary"]]
     with Store.open(path) as history:
-        for row, point, summary in sides["good"] + sides["probe"]:
-            fingerprint = {name: value for name, value in row.fingerprint.items() if name not in ("bisect", "pairing")}
-            run_id = history.create_run(row.suite, row.suite_hash, fingerprint, row.machine_key, "a night")
-            summary.pair = None
-            history.record_point(run_id, PointRecord(point.point_key, point.config, "ok", utc_now(), 1.0,
-                                                     samples=[(0, summary)]))
-            history.finish_run(run_id, "complete")
+        for side in sides.values():
+            for index, (row, point, _) in enumerate(side):
+                fingerprint = {name: value for name, value in row.fingerprint.items()
+                               if name not in ("bisect", "pairing")}
+                run_id = history.create_run(row.suite, row.suite_hash, fingerprint, row.machine_key, "a night")
+                summaries = [side[(index + taken) % len(side)][2] for taken in range(PROCESSES_A_RUN)]
+                for summary in summaries:
+                    summary.pair = None
+                history.record_point(run_id, PointRecord(point.point_key, point.config, "ok", utc_now(), 1.0,
+                                                         samples=list(enumerate(summaries))))
+                history.finish_run(run_id, "complete")
 
 
 def test_confirm_measures_again_the_commits_either_side_of_a_command_suites_change_point(bisected, slowed_repo,

@@ -3,9 +3,11 @@ on a GPU, and how each check's process ends in one summary line (ok, or what fai
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -48,15 +50,36 @@ def test_each_check_ends_in_one_line_ok_or_what_failed_and_where_its_log_is(tmp_
     assert "KeyboardInterrupt" in (tmp_path / "hangs.log").read_text()  # stopped as Ctrl-C stops it
 
 
+@contextmanager
+def sigint(handler):
+    """SIGINT handled as `handler` says for the block, whatever this process inherited (a background job, a CI
+    runner, starts it ignored)."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_check_at_its_cap_is_interrupted_even_where_the_doctor_ignores_sigint(tmp_path):
+    hangs = readiness.Check("hangs", [sys.executable, "-c", "import time; time.sleep(60)"], cap_s=1)
+    started = time.monotonic()
+    with sigint(signal.SIG_IGN):
+        [outcome] = readiness.run_checks([hangs], tmp_path, lambda text: None)
+    assert time.monotonic() - started < readiness.STOP_GRACE_S
+    assert outcome.problem == "did not finish within 1 s"
+    assert "KeyboardInterrupt" in (tmp_path / "hangs.log").read_text()  # stopped by the interrupt, not killed
+
+
 def test_ctrl_c_during_a_check_stops_its_process_and_reaches_the_command_line(tmp_path):
     """The command line maps KeyboardInterrupt to one line and exit 130; the check's process, in a session of
     its own (so a check at its cap can be stopped with its children), is stopped first."""
     interrupts_its_parent = ("import os, signal, time; os.kill(os.getppid(), signal.SIGINT); "
                              "print('interrupted the doctor', flush=True); time.sleep(60)")
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with sigint(signal.default_int_handler), pytest.raises(KeyboardInterrupt):
         readiness.run_checks([readiness.Check("long", [sys.executable, "-c", interrupts_its_parent], cap_s=60)],
-                          tmp_path, lambda text: None)
+                             tmp_path, lambda text: None)
     assert time.monotonic() - started < readiness.STOP_GRACE_S
     assert "KeyboardInterrupt" in (tmp_path / "long.log").read_text()
 

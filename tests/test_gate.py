@@ -207,6 +207,19 @@ def test_a_study_of_processes_that_take_no_time_is_never_cut_short_by_the_night(
     assert found["false night"]["trials"] == 2 and found["caught"]["trials"] == 2
 
 
+def test_the_study_simulates_the_night_the_gate_sets_up():
+    # docs/decision-rules.md's rates are the gate's only while both take the night's pairs and fit from one place
+    from benches.night import set_up_night
+    from studies import gate_power
+
+    points, plan = NIGHTLY[:8], gate_plan(ProcessOptions())
+    walls = {point.key: 20.0 * (1 + index % 3) for index, point in enumerate(points)}
+    found = gate_power.simulate(points, plan, H100_EAGER, 0.10, 2, 3, walls, 0.0, 3600.0)
+    setup = set_up_night(plan, {point.key: [] for point in points}, walls, 3600.0)
+    assert setup.fit.cut and found["screen fitted to the night"]["screen_s"] == setup.fit.screen_s
+    assert found["screen pairs"] == {point.label: setup.screen_pairs[point.key] for point in points}
+
+
 def test_skipped_points_neither_pass_nor_fail_the_night():
     machine = SimulatedMachine(GPU_RUNNER, np.random.default_rng(2))
     found = night(machine, points=NIGHTLY[:4], skip=lambda point: "needs 8 GPUs" if point is NIGHTLY[0] else None)
