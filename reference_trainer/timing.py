@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from reference_trainer.config import PHASES
+from rlperf.spin import spin
 
 
 class SetupClock:
@@ -96,7 +97,7 @@ class PhaseTimer:
         if phase in self.delays and phase not in self.delayed_this_epoch:
             # A known amount of work inside the phase, once per epoch, for `rlperf selfcheck`.
             self.delayed_this_epoch.add(phase)
-            time.sleep(self.delays[phase])
+            spin(self.delays[phase])
 
     def end_epoch(self) -> tuple[float, dict[str, float]]:
         """Closes the epoch; returns its seconds and the seconds of each phase."""

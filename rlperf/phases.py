@@ -30,6 +30,7 @@ from typing import Any
 
 from rlperf import __version__
 from rlperf.errors import MachineFault, written_whole
+from rlperf.spin import spin
 from rlperf.summary import OTHER, PHASES, SCHEMA, RunSummary
 
 SUMMARY_VARIABLE = "RLPERF_SUMMARY"
@@ -174,7 +175,7 @@ class PhaseClock:
         if name in self.delays and name not in self.delayed:
             # A known amount of work inside the phase, once per epoch, for `rlperf selfcheck`.
             self.delayed.add(name)
-            time.sleep(self.delays[name])
+            spin(self.delays[name])
 
     def relabel(self, first_mark: int, old: str, new: str) -> None:
         """Charges the segments of `old` from mark `first_mark` on to `new`, and makes the innermost open `old`

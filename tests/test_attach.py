@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -22,9 +23,9 @@ from rlperf.machine import REPO_ROOT
 from rlperf.summary import OTHER, RunSummary
 
 ATTACHED = ("env", "eval_forward", "eval_misc", "train_forward", "learn")
-# each phase's delay, large against how far an epoch's phase moves between two processes on a busy 2-core machine
-# (a few milliseconds at these settings)
-DELAY_MS = 150.0
+# each phase's delay, large against how far an epoch's phase moves from one epoch to the next on a busy 2-core
+# machine (a few milliseconds at these settings, tens in a rare epoch)
+DELAY_MS = 200.0
 
 HAND_LOOP = textwrap.dedent("""
     import time, sys
@@ -187,15 +188,15 @@ def test_a_malformed_env_step_flag_is_one_line_and_exit_2(tmp_path, arguments, n
     assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-# one warm-up epoch and four steady ones each, two of them delayed; the policies wide enough that their glue stays
+# one warm-up epoch and six steady ones each, three of them delayed; the policies wide enough that their glue stays
 # under a tenth
-SB3 = [sys.executable, "-m", "benches.trainers.sb3_ppo", "--updates", "5", "--n-envs", "16", "--n-steps", "64",
+SB3 = [sys.executable, "-m", "benches.trainers.sb3_ppo", "--updates", "7", "--n-envs", "16", "--n-steps", "64",
        "--batch-size", "256", "--n-epochs", "4", "--net", "256"]
-TORCHRL = [sys.executable, "-m", "benches.trainers.torchrl_ppo", "--updates", "5", "--n-envs", "8", "--n-steps",
+TORCHRL = [sys.executable, "-m", "benches.trainers.torchrl_ppo", "--updates", "7", "--n-envs", "8", "--n-steps",
            "64", "--batch-size", "256", "--n-epochs", "2", "--net", "128"]
-RSL_RL = [sys.executable, "-m", "benches.trainers.rsl_rl_ppo", "--updates", "5", "--n-envs", "64", "--n-steps", "24",
+RSL_RL = [sys.executable, "-m", "benches.trainers.rsl_rl_ppo", "--updates", "7", "--n-envs", "64", "--n-steps", "24",
           "--net", "128"]
-TIANSHOU = [sys.executable, "-m", "benches.trainers.tianshou_ppo", "--updates", "5", "--n-envs", "8", "--n-steps",
+TIANSHOU = [sys.executable, "-m", "benches.trainers.tianshou_ppo", "--updates", "7", "--n-envs", "8", "--n-steps",
             "128", "--batch-size", "256", "--n-epochs", "4", "--net", "128"]
 REGISTRY_TRAINERS = [("stable_baselines3", SB3, "num_timesteps"), ("torchrl", TORCHRL, "collected_frames"),
                      ("rsl_rl", RSL_RL, "tot_timesteps"), ("tianshou", TIANSHOU, "env_step")]
@@ -216,15 +217,17 @@ def test_a_registry_trainers_ppo_is_attributed_and_its_delays_land_in_their_phas
     summary, out, busy = delayed_in_every_other_epoch(command, tmp_path)
     own = json.loads(out.strip().splitlines()[-1])
     # the agent steps counted from the env are the trainer's own count, over the same window: the whole run
-    assert summary.steps == own[own_count] and summary.steady_steps == 4 * summary.epochs[-1]["steps"]
+    assert summary.steps == own[own_count] and summary.steady_steps == 6 * summary.epochs[-1]["steps"]
     assert summary.versions[library] is not None
     assert all(summary.phases[name] > 0 for name in ATTACHED) and OTHER in summary.phases
     assert undelayed_coverage(summary) >= 0.90, summary.phases
     # each delayed epoch against its undelayed neighbour: the delay lands in its phase, not short of it and not
     # beyond it; beside another process's load that proves nothing, as `rlperf selfcheck` says (the monitor's rule)
+    # (the median of three pairs: one epoch's garbage collection or run of episode resets moves a pair by tens of
+    # milliseconds, which `rlperf selfcheck` meets with more pairs)
     shares = {name: paired_shares(summary.epochs, name, DELAY_MS / 1000) for name in ATTACHED}
-    assert all(len(pairs) == 2 for pairs in shares.values()), shares
-    assert all(0.9 <= share <= 1.1 for pairs in shares.values() for share in pairs) or busy["contended"], \
+    assert all(len(pairs) == 3 for pairs in shares.values()), shares
+    assert all(0.9 <= statistics.median(pairs) <= 1.1 for pairs in shares.values()) or busy["contended"], \
         (shares, busy)
 
 
