@@ -9,8 +9,10 @@ import builtins
 import collections
 import functools
 import importlib.abc
+import operator
 import os
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,7 +110,7 @@ TORCH_HOOKS = (
     "torch.nn.modules.module.register_module_forward_hook",
     "torch.optim.optimizer.register_optimizer_step_pre_hook",
     "torch.optim.optimizer.register_optimizer_step_post_hook",
-    "torch.Tensor.register_hook",
+    "torch.autograd.backward",
 )
 
 
@@ -386,18 +388,72 @@ def global_pre_hook(module, args) -> None:
 
 
 def end_discovery() -> None:
-    """At the first optimizer step every root has been called (acting, values, the loss's forward): the roots get
-    hooks of their own, torch's hooks themselves (no call between), and the global ones go."""
+    """At the first optimizer step every root has been called (acting, values, the loss's forward): each root's
+    forward is timed by a RootForward of its own, and the global hooks go."""
     for handle in state.global_handles:
         handle.remove()
     state.global_handles = []
     for root in state.roots.values():
         module = root()
         if module is not None:
-            module.register_forward_pre_hook(forward_pre_hook)
-            module.register_forward_hook(forward_hook, always_call=True)  # always_call: torch 2.1, as the global's
+            time_root(module)
     state.discovering = False
     state.depth = 0
+
+
+def time_root(module) -> None:
+    """The root's forward replaced by a RootForward; where a module refuses the attribute (a scripted one), torch's
+    hooks instead (which send its every call down torch's slower call path)."""
+    try:
+        module.forward = RootForward(module.__dict__.get("forward"), module.forward)
+    except (AttributeError, TypeError, RuntimeError):
+        module.register_forward_pre_hook(forward_pre_hook)
+        module.register_forward_hook(forward_hook, always_call=True)  # always_call: torch 2.1, as the global's
+
+
+class RootForward:
+    """A root module's forward between the two marks the forward hooks would make, without torch's hooks: a module
+    with hooks takes torch's slow call path, which cost a 64x64 MLP's rollout step 5 µs a call (docs/any-trainer.md).
+    Pickled or copied, it is the forward it replaced (a module saved whole loads without rlperf)."""
+
+    __slots__ = ("replaced", "forward", "__wrapped__")
+
+    def __init__(self, replaced: Callable | None, forward: Callable):
+        self.replaced = replaced  # the instance's own forward attribute, where it had one
+        self.forward = forward
+        self.__wrapped__ = forward  # inspect.signature reads the forward's
+
+    def __call__(self, *args, **kwargs):
+        clock = phases._clock
+        if clock is None or state.depth or state.in_env or state.in_learn:  # not timed, or inside a timed call
+            return self.forward(*args, **kwargs)
+        if state.is_grad_enabled():
+            forward_pre_hook(None, args)
+            output = None
+            try:
+                output = self.forward(*args, **kwargs)
+                return output
+            finally:
+                forward_hook(None, args, output)
+        # acting, the call a rollout makes every step: forward_pre_hook's and forward_hook's path, inlined
+        if state.learned and not state.env_seen:
+            begin_next_epoch(clock)
+        clock.enter("eval_forward")
+        state.depth = 1
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            state.depth = 0
+            if clock.stack and clock.stack[-1] == "eval_forward":
+                clock.exit("eval_forward")
+
+    def __getattr__(self, name: str):
+        return getattr(self.forward, name)
+
+    def __reduce__(self):
+        if self.replaced is not None:
+            return operator.itemgetter(0), ((self.replaced,),)
+        return types.MethodType, (self.forward.__func__, self.forward.__self__)
 
 
 def forward_pre_hook(module, args) -> None:
@@ -428,7 +484,7 @@ def forward_hook(module, args, output) -> None:
     if top == "eval_forward":
         clock.exit("eval_forward")
     elif top == "train_forward" and state.opened == "train_forward":
-        if watch_backward(output):
+        if carries_grad(output):
             if not state.train_has_grad:
                 state.train_has_grad = True
                 claim_train_misc(clock)
@@ -452,25 +508,23 @@ def claim_train_misc(clock: phases.PhaseClock) -> None:
     clock.ground = OTHER
 
 
-def watch_backward(output: Any) -> bool:
-    """A hook on every tensor of `output` that carries grad: the first gradient to reach one begins `learn`.
-    Whether there was one."""
+def carries_grad(output: Any) -> bool:
+    """Whether a tensor of `output` carries grad: the call trains (its backward will begin `learn`)."""
     import torch
 
-    pending, found = [output], False
+    pending = [output]
     while pending:
         item = pending.pop()
         if isinstance(item, torch.Tensor):
             if item.requires_grad:
-                item.register_hook(backward_reached)
-                found = True
+                return True
         elif isinstance(item, (tuple, list)):
             pending += item
         elif isinstance(item, dict):
             pending += item.values()
         elif hasattr(item, "values") and hasattr(item, "batch_size"):  # a TensorDict
             pending += item.values(include_nested=True, leaves_only=True)
-    return found
+    return False
 
 
 def enter_learn() -> None:
@@ -483,8 +537,15 @@ def enter_learn() -> None:
     clock.enter("learn")
 
 
-def backward_reached(grad) -> None:
-    enter_learn()
+def timed_backward(backward: Callable) -> Callable:
+    """torch.autograd.backward, which `Tensor.backward` calls: `learn` begins as the backward pass does."""
+    @functools.wraps(backward)
+    def begin_learn(*args, **kwargs):
+        if phases._clock is not None and state.opened == "train_forward":
+            enter_learn()
+        return backward(*args, **kwargs)
+
+    return begin_learn
 
 
 def optimizer_pre_hook(optimizer, args, kwargs) -> None:
@@ -514,6 +575,7 @@ def attach_torch(torch_module) -> None:
     from torch.optim import optimizer as optimizers
 
     state.is_grad_enabled = torch_module.is_grad_enabled
+    torch_module.autograd.backward = timed_backward(torch_module.autograd.backward)
     state.global_handles = [modules.register_module_forward_pre_hook(global_pre_hook),
                             modules.register_module_forward_hook(forward_hook, always_call=True)]
     optimizers.register_optimizer_step_pre_hook(optimizer_pre_hook)
