@@ -22,15 +22,15 @@ from profilers.command_check import ATTACHED_PHASES, command_summary
 PYTHON = sys.executable
 TRAINERS = {
     "sb3": ([PYTHON, "-m", "benches.trainers.sb3_ppo", "--n-envs", "16", "--n-steps", "128", "--batch-size", "512",
-             "--n-epochs", "4", "--net", "256", "--updates", "9"], "num_timesteps"),
+             "--n-epochs", "4", "--net", "256", "--updates", "13"], "num_timesteps"),
     "torchrl": ([PYTHON, "-m", "benches.trainers.torchrl_ppo", "--n-envs", "16", "--n-steps", "64", "--batch-size",
-                 "512", "--n-epochs", "4", "--net", "256", "--updates", "9"], "collected_frames"),
+                 "512", "--n-epochs", "4", "--net", "256", "--updates", "13"], "collected_frames"),
     "rsl_rl": ([PYTHON, "-m", "benches.trainers.rsl_rl_ppo", "--n-envs", "256", "--n-steps", "24", "--net", "256",
-                "--updates", "9"], "tot_timesteps"),
+                "--updates", "13"], "tot_timesteps"),
     "tianshou": ([PYTHON, "-m", "benches.trainers.tianshou_ppo", "--n-envs", "16", "--n-steps", "128",
-                  "--batch-size", "512", "--n-epochs", "4", "--net", "256", "--updates", "9"], "env_step"),
+                  "--batch-size", "512", "--n-epochs", "4", "--net", "256", "--updates", "13"], "env_step"),
     "mlp_loop": ([PYTHON, "-m", "benches.trainers.mlp_loop", "--n-envs", "4", "--n-steps", "128", "--net", "64",
-                  "--updates", "9"], "steps"),
+                  "--updates", "13"], "steps"),
 }
 DELAY_MS = 150.0
 MAX_RUNS = 4

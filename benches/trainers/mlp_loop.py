@@ -28,7 +28,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     n, horizon = args.n_envs, args.n_steps
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)  # no reset step to train on
     body = torch.nn.Sequential(torch.nn.Linear(4, args.net), torch.nn.Tanh(), torch.nn.Linear(args.net, args.net),
                                torch.nn.Tanh())
     model = torch.nn.ModuleDict({"body": body, "pi": torch.nn.Linear(args.net, 2), "v": torch.nn.Linear(args.net, 1)})
