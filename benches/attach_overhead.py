@@ -22,7 +22,7 @@ from decisions.attribution import walsh_interval
 from profilers.attach_command import attached_environment, resolved
 
 # the trainers' own counts of agent steps, by the names benches/trainers/ print them under
-STEP_COUNTS = ("num_timesteps", "collected_frames", "tot_timesteps", "env_step", "steps")
+STEP_COUNTS = ("num_timesteps", "collected_frames", "tot_timesteps", "train_step", "steps")
 
 
 def own_sps(output: str) -> tuple[float, float]:

@@ -28,7 +28,7 @@ TRAINERS = {
     "rsl_rl": ([PYTHON, "-m", "benches.trainers.rsl_rl_ppo", "--n-envs", "256", "--n-steps", "24", "--net", "256",
                 "--updates", "13"], "tot_timesteps"),
     "tianshou": ([PYTHON, "-m", "benches.trainers.tianshou_ppo", "--n-envs", "16", "--n-steps", "128",
-                  "--batch-size", "512", "--n-epochs", "4", "--net", "256", "--updates", "13"], "env_step"),
+                  "--batch-size", "512", "--n-epochs", "4", "--net", "256", "--updates", "13"], "train_step"),
     "mlp_loop": ([PYTHON, "-m", "benches.trainers.mlp_loop", "--n-envs", "4", "--n-steps", "128", "--net", "64",
                   "--updates", "13"], "steps"),
 }

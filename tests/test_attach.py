@@ -199,7 +199,7 @@ RSL_RL = [sys.executable, "-m", "benches.trainers.rsl_rl_ppo", "--updates", "7",
 TIANSHOU = [sys.executable, "-m", "benches.trainers.tianshou_ppo", "--updates", "7", "--n-envs", "8", "--n-steps",
             "128", "--batch-size", "256", "--n-epochs", "4", "--net", "128"]
 REGISTRY_TRAINERS = [("stable_baselines3", SB3, "num_timesteps"), ("torchrl", TORCHRL, "collected_frames"),
-                     ("rsl_rl", RSL_RL, "tot_timesteps"), ("tianshou", TIANSHOU, "env_step")]
+                     ("rsl_rl", RSL_RL, "tot_timesteps"), ("tianshou", TIANSHOU, "train_step")]
 
 
 def undelayed_coverage(summary: RunSummary) -> float:

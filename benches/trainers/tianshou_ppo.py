@@ -60,7 +60,7 @@ def main() -> None:
     result = algorithm.run_training(params)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     envs.close()
-    print(json.dumps({"env_step": result.train_step, "learn_seconds": seconds, "learn_cpu_seconds": cpu_seconds}))
+    print(json.dumps({"train_step": result.train_step, "learn_seconds": seconds, "learn_cpu_seconds": cpu_seconds}))
 
 
 if __name__ == "__main__":
