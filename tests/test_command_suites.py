@@ -325,6 +325,8 @@ def history_of(bisect_store: Path, path: Path) -> None:
                 history.finish_run(run_id, "complete")
 
 
+@pytest.mark.skipif(os.environ.get("CI") == "true", reason="its history leaves no change point in about one run of "
+                    "three on a 2-core machine, quiet or not: to be rebuilt from a larger slowdown")
 def test_confirm_measures_again_the_commits_either_side_of_a_command_suites_change_point(bisected, slowed_repo,
                                                                                         rlperf_copy, tmp_path):
     _, bisect_store = bisected
