@@ -55,15 +55,6 @@ HAND_LOOP = textwrap.dedent("""
 """)
 
 
-def attached(command: list[str], tmp_path, delays: dict[str, float] | None = None, name: str = "summary",
-             timeout: float = 120) -> tuple[RunSummary, str]:
-    path = tmp_path / f"{name}.json"
-    env = attached_environment(path, delays)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return RunSummary.check(json.loads(path.read_text())), done.stdout
-
-
 def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_path):
     # the command's interpreter has a sitecustomize of its own, which the bootstrap shadows: it still runs
     theirs = tmp_path / "theirs"
