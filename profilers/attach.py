@@ -352,7 +352,7 @@ def stop_census() -> None:
 def missing_env_line() -> str:
     """The one line a summary without agent steps carries: nothing stepped that attach knows, what did step, and
     the flag that would name it."""
-    named = [step for step in state.named]
+    named = state.named
     if named:
         undefined = [step.text for step in named if not step.found]
         why = (f"the class of {', '.join(undefined)} (--env-step) was never defined" if undefined
