@@ -182,10 +182,11 @@ class TrainConfig:
     steady_seconds: float = knob(0.0, "after the warm-up, train whole epochs until the steady epochs' time reaches "
                                       "this many seconds (at least 2 epochs), total_steps the cap; 0 trains "
                                       "total_steps", non_negative=True)
-    inject_delay: dict[str, float] = knob({}, "PHASE=MS: sleep MS milliseconds inside PHASE once per epoch "
+    inject_delay: dict[str, float] = knob({}, "PHASE=MS: spin MS milliseconds inside PHASE once per epoch "
                                               "(repeatable; default none)", OBSERVER, check=delays_refusal)
-    inject_delay_every: int = knob(1, "inject the delays in every Nth epoch only, epochs N-1, 2N-1, ... (2: every "
-                                      "other epoch, each beside an undelayed one; default 1)", OBSERVER, positive=True)
+    inject_delay_every: int = knob(1, "inject the delays in one epoch of each N only, last and first of its N in turn "
+                                      "(2: every other epoch, each beside an undelayed one; default 1)", OBSERVER,
+                                   positive=True)
     trace_dir: str = knob("", "write a torch.profiler Chrome trace of steady epochs here (default: no trace)",
                           OBSERVER, PROFILER)
     trace_epochs: int = knob(1, "steady epochs to trace, at most the run's steady epochs", OBSERVER, PROFILER,

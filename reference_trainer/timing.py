@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from reference_trainer.config import PHASES
+from rlperf.phases import delayed_epoch
 from rlperf.spin import spin
 
 
@@ -45,11 +46,11 @@ class SetupClock:
 
 class PhaseTimer:
     def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float],
-                 phases: tuple[str, ...] = PHASES, delay_every: int = 1):
+                 phases: tuple[str, ...] = PHASES, delay_every: int = 1, warmup_epochs: int = 1):
         self.enabled, self.phases = enabled, phases
         self.cuda = device.type == "cuda"
         self.all_delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
-        self.delay_every = delay_every
+        self.delay_every, self.warmup_epochs = delay_every, warmup_epochs
         self.epochs_started = 0
         self.delays: dict[str, float] = {}
         self.delayed_this_epoch: set[str] = set()
@@ -75,8 +76,8 @@ class PhaseTimer:
 
     def start_epoch(self) -> None:
         self.delayed_this_epoch.clear()
-        # with delay_every N, only epochs N-1, 2N-1, ... are delayed (`rlperf selfcheck` pairs them with neighbours)
-        delayed = self.epochs_started % self.delay_every == self.delay_every - 1
+        # with delay_every N, one epoch in N is delayed (`rlperf selfcheck` pairs it with its neighbour)
+        delayed = delayed_epoch(self.epochs_started, self.delay_every, self.warmup_epochs)
         self.delays = self.all_delays if delayed else {}
         self.epochs_started += 1
         self.marks.clear()

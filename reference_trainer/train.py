@@ -142,7 +142,8 @@ class Trainer:
         self.obs_ready = torch.cuda.Event() if cfg.is_cuda else None
         # recorded after each group's non_blocking copy of its actions: the env steps once it has passed
         self.actions_ready = [torch.cuda.Event() for _ in self.envs] if cfg.non_blocking else None
-        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases, cfg.inject_delay_every)
+        self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases, cfg.inject_delay_every,
+                                cfg.warmup_epochs)
         self.profiler: torch.profiler.profile | None = None
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")

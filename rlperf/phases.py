@@ -92,6 +92,18 @@ def parse_delay_every(text: str) -> int:
     return int(text)
 
 
+def delayed_epoch(index: int, every: int, warmup_epochs: int) -> bool:
+    """Whether epoch `index` takes the delays when one epoch in `every` does. Counted from the first steady epoch,
+    blocks of `every` take their delay first, then last, in turn (for 2: D U U D D U), so that adjacent epochs pair
+    and drift favours neither order of a pair. With `every` 1, every epoch, warm-up included."""
+    if every == 1:
+        return True
+    steady = index - warmup_epochs
+    if steady < 0:
+        return False
+    return steady % every == (0 if (steady // every) % 2 == 0 else every - 1)
+
+
 def parse_trace_epochs(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise PhaseError(f"{TRACE_EPOCHS_VARIABLE}: must be a whole number of 1 or more (got {text!r})")
@@ -236,8 +248,8 @@ class PhaseClock:
         self.begin_epoch()
 
     def epoch_delays(self, index: int) -> dict[str, float]:
-        """The delays of epoch `index`: every epoch's, or with `delay_every` N only those of epochs N-1, 2N-1, ..."""
-        return self.all_delays if index % self.delay_every == self.delay_every - 1 else {}
+        """The delays of epoch `index`: every epoch's, or with `delay_every` N one epoch in each N."""
+        return self.all_delays if delayed_epoch(index, self.delay_every, self.warmup_epochs) else {}
 
     # ---- the summary ----------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from decisions import attribution
 from profilers.command_check import ATTACHED_PHASES
+from rlperf.phases import delayed_epoch
 
 TRUE_SHARES = (1.0, 0.0, 0.5, 0.9, 1.1, 2.0)
 
@@ -39,7 +40,7 @@ def simulated_run(epochs: list[dict[str, float]], delays: dict[str, float], epoc
     run = [{"warmup": True, "delayed": [], "phases": dict(rng.choice(epochs))}]
     for index in range(1, epochs_per_run + 1):
         drawn = rng.choice(epochs)
-        delayed = index % attribution.DELAY_EVERY == attribution.DELAY_EVERY - 1
+        delayed = delayed_epoch(index, attribution.DELAY_EVERY, 1)
         scale = offset * (1 + drift * index)
         phases = {phase: seconds * scale for phase, seconds in drawn.items()}
         if delayed:

@@ -16,6 +16,7 @@ from decisions import attribution
 from profilers import interference
 from reference_trainer.config import PHASES
 from reference_trainer.timing import PhaseTimer
+from rlperf.phases import delayed_epoch
 from command.cli import main
 
 
@@ -131,6 +132,17 @@ def test_pairs_are_adjacent_steady_epochs_one_delayed_and_one_not():
               epoch(4, False, 0.12), epoch(5, True, 0.61), epoch(6, False, 0.1)]
     # warm-up epochs are left out; (2, 3) and (4, 5) pair, 6 has no partner
     assert attribution.paired_shares(epochs, "learn", 0.5) == pytest.approx([1.0, 0.98])
+
+
+def test_a_steady_drift_across_the_run_cancels_between_pairs():
+    # each epoch 2% slower than the one before; the delay lands in full: pairs in both orders centre on 100%
+    epochs = [{"warmup": index == 0, "delayed": ["learn"] if delayed_epoch(index, attribution.DELAY_EVERY, 1) else [],
+               "phases": {"learn": 1.0 * 1.02 ** index + (0.5 if delayed_epoch(index, attribution.DELAY_EVERY, 1) else 0)}}
+              for index in range(25)]
+    shares = attribution.paired_shares(epochs, "learn", 0.5)
+    assert min(shares) < 0.95 and max(shares) > 1.05  # each pair is biased by the drift, in turn either way
+    estimate, low, high = attribution.walsh_interval(shares)
+    assert estimate == pytest.approx(1.0, abs=0.01)
 
 
 def test_rows_take_more_runs_until_decided_and_stop_at_the_budget():

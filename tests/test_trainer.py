@@ -170,10 +170,11 @@ def test_the_setup_stages_tile_the_time_before_the_first_epoch():
 def test_injected_delay_lands_in_its_phase_in_every_other_epoch():
     from decisions.attribution import paired_shares
 
-    summary = train(small(total_steps=16 * 8 * 8, inject_delay={"train_misc": 50.0}, inject_delay_every=2))
-    assert [epoch["delayed"] for epoch in summary["epochs"]] == [[], ["train_misc"]] * 4
+    summary = train(small(total_steps=16 * 8 * 9, inject_delay={"train_misc": 50.0}, inject_delay_every=2))
+    # after the warm-up epoch, the delayed epoch is the first of its pair, then the second, in turn
+    assert [epoch["delayed"] for epoch in summary["epochs"]] == [[]] + [["train_misc"], [], [], ["train_misc"]] * 2
     shares = paired_shares(summary["epochs"], "train_misc", 0.050)
-    # A sleep never ends early, but on a busy machine it may end late by tens of ms: the upper bound only
+    # A spin never ends early, but on a busy machine it may end late by tens of ms: the upper bound only
     # rules out the delay being counted twice (it is injected once per delayed epoch).
     assert shares and all(0.95 <= share < 2 for share in shares), shares
 
