@@ -28,6 +28,8 @@ ENV_STEP_FLAG = "--env-step MODULE:CLASS.METHOD"
 DEFAULT_AGENT_ATTRIBUTES = ("num_envs", "num_agents", "env_num", "batch_size")
 # Method names counted on the main thread while no known env step has been seen: named when none ever is.
 CENSUS_NAMES = frozenset({"step", "step_wait", "recv"})
+# packages whose step and recv are no env's: the standard library's pipes and queues, torch's optimizers
+NOT_ENVS = frozenset(sys.stdlib_module_names) | {"torch"}
 
 Counter = Callable[[Any, tuple, dict, Any], int]
 
@@ -78,13 +80,17 @@ class EnvSteps:
     counted: tuple[str, ...] = ("step",)
     uncounted: tuple[str, ...] = ()
     agents: Counter = count_attribute("num_envs")
+    # one env's step, which every vector env calls inside its own: timed until a vector env first steps, then
+    # restored (a loop over vector envs then pays nothing for the envs inside them)
+    single: bool = False
 
 
 NUM_ENVS = count_attribute("num_envs")
 # Every library's envs, by the module that defines their classes. Only the outermost step of a nest counts (a
 # wrapper stepping its env, a vector env its copies, a TorchRL transform running a network).
 ENV_STEPS = (
-    EnvSteps("gymnasium", "gymnasium.vector.vector_env", ("VectorEnv",)),
+    EnvSteps("gymnasium", "gymnasium.vector.vector_env", ("VectorEnv",), ("step", "step_wait"), ("step_async",)),
+    EnvSteps("gymnasium", "gymnasium.core", ("Env",), single=True),
     EnvSteps("gym", "gym.vector.vector_env", ("VectorEnv",), ("step", "step_wait"), ("step_async",)),
     EnvSteps("stable-baselines3", "stable_baselines3.common.vec_env.base_vec_env", ("VecEnv",),
              ("step", "step_wait"), ("step_async",)),
@@ -141,6 +147,9 @@ class AttachState:
         # step methods called on the main thread before any known env step, by (module, class, method)
         self.census: collections.Counter | None = None
         self.named: list[NamedStep] = []
+        # one env's steps wrapped as (class, method, original, wrapper), until a vector env steps
+        self.single_steps: list[tuple[type, str, Callable, Callable]] = []
+        self.vector_seen = False
 
 
 state = AttachState()
@@ -149,11 +158,13 @@ state = AttachState()
 # ---- env steps --------------------------------------------------------------------------------------------
 
 
-def wrap_step(function: Callable, agents: Counter | None) -> Callable:
+def wrap_step(function: Callable, agents: Counter | None, single: bool = False) -> Callable:
     """`function` as a step of the env: the phase `env`, an epoch begun where an update came before it, and (with
-    `agents`) the agents it stepped counted."""
+    `agents`) the agents it stepped counted. A vector env's step, once done, restores the single envs' steps."""
     if getattr(function, "__rlperf_attached__", False):
-        return function
+        if single or not function.__rlperf_single__:
+            return function
+        function = function.__wrapped__  # a vector env that is also an Env (gym's): wrapped as the vector it is
 
     @functools.wraps(function)
     def step(self, *args, **kwargs):
@@ -181,10 +192,22 @@ def wrap_step(function: Callable, agents: Counter | None) -> Callable:
         if agents is not None:
             clock.epoch_steps += agents(self, args, kwargs, result)
         state.types_stepped.add(type(self))
+        if not single and state.single_steps:
+            restore_single_steps()
         return result
 
     step.__rlperf_attached__ = True
+    step.__rlperf_single__ = single
     return step
+
+
+def restore_single_steps() -> None:
+    """A vector env has stepped: the steps of the envs inside it go back to their own (those still attach's)."""
+    for cls, method, original, wrapper in state.single_steps:
+        if cls.__dict__.get(method) is wrapper:
+            setattr(cls, method, original)
+    state.single_steps = []
+    state.vector_seen = True
 
 
 def begin_next_epoch(clock: phases.PhaseClock) -> None:
@@ -195,22 +218,28 @@ def begin_next_epoch(clock: phases.PhaseClock) -> None:
 
 
 def attach_class(cls: type, counted: tuple[str, ...], uncounted: tuple[str, ...], agents: Counter,
-                 inherited: bool = False) -> None:
+                 inherited: bool = False, single: bool = False) -> None:
     """Wraps `cls`'s own step methods (those it defines; inherited ones are wrapped where defined), or with
     `inherited` whichever it has."""
+    if single and state.vector_seen:
+        return
     for methods, counter in ((counted, agents), (uncounted, None)):
         for method in methods:
             own = getattr(cls, method, None) if inherited else cls.__dict__.get(method)
             if callable(own):
-                setattr(cls, method, wrap_step(own, counter))
+                wrapper = wrap_step(own, counter, single)
+                setattr(cls, method, wrapper)
+                if single and wrapper is not own:
+                    state.single_steps.append((cls, method, own, wrapper))
 
 
-def attach_base(base: type, counted: tuple[str, ...], uncounted: tuple[str, ...], agents: Counter) -> None:
+def attach_base(base: type, counted: tuple[str, ...], uncounted: tuple[str, ...], agents: Counter,
+                single: bool = False) -> None:
     """Wraps the base's step methods, its subclasses' that exist, and each subclass's defined from now on."""
     pending = [base]
     while pending:
         cls = pending.pop()
-        attach_class(cls, counted, uncounted, agents)
+        attach_class(cls, counted, uncounted, agents, single=single)
         pending += cls.__subclasses__()
     original = base.__dict__.get("__init_subclass__")
 
@@ -219,7 +248,7 @@ def attach_base(base: type, counted: tuple[str, ...], uncounted: tuple[str, ...]
             original.__get__(None, cls)(**kwargs)
         else:
             super(base, cls).__init_subclass__(**kwargs)
-        attach_class(cls, counted, uncounted, agents)
+        attach_class(cls, counted, uncounted, agents, single=single)
 
     base.__init_subclass__ = classmethod(__init_subclass__)
     state.hooks += [f"{base.__module__}.{base.__qualname__}.{method}" for method in (*counted, *uncounted)]
@@ -230,7 +259,7 @@ def library_callback(steps: EnvSteps) -> Callable[[Any], None]:
         for name in steps.classes:
             cls = getattr(module, name, None)
             if isinstance(cls, type):
-                attach_base(cls, steps.counted, steps.uncounted, steps.agents)
+                attach_base(cls, steps.counted, steps.uncounted, steps.agents, steps.single)
 
     return callback
 
@@ -359,8 +388,10 @@ def missing_env_line() -> str:
                else f"{', '.join(step.text for step in named)} (--env-step) was never called")
     else:
         why = f"the command stepped no env class attach knows ({', '.join(LIBRARIES)})"
-    if state.census:
-        top = state.census.most_common(3)
+    stepped = collections.Counter({key: calls for key, calls in (state.census or {}).items()
+                                   if key[0].partition(".")[0] not in NOT_ENVS})
+    if stepped:
+        top = stepped.most_common(3)
         seen = "; the most-called step methods on the main thread were " + ", ".join(
             f"{module}:{cls}.{method} ({calls:,} calls)" for (module, cls, method), calls in top)
     elif state.census is None and not state.roots:

@@ -89,6 +89,62 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert summary.versions["gymnasium"] == __import__("gymnasium").__version__
 
 
+# one Gymnasium env stepped alone, and a vector env whose step the loop splits to overlap its own work
+ONE_ENV_STEP = """
+        obs, reward, term, trunc, _ = envs.step(int(action[0]))
+        if term or trunc:
+            obs, _ = envs.reset()
+        obs = obs[None]"""
+SPLIT_STEP = """
+        envs.step_async(action)
+        obs, reward, term, trunc, _ = envs.step_wait()"""
+GYMNASIUM_LOOPS = {
+    "one env": ('gym.make("CartPole-v1")', ONE_ENV_STEP, 1, "gymnasium.wrappers.common.TimeLimit"),
+    "split vector step": ('gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)', SPLIT_STEP, 2,
+                          "gymnasium.vector.async_vector_env.AsyncVectorEnv"),
+    "vector env": ('gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)',
+                   "\n        obs, reward, term, trunc, _ = envs.step(action)", 2,
+                   "gymnasium.vector.sync_vector_env.SyncVectorEnv"),
+}
+
+
+@pytest.mark.parametrize("kind", GYMNASIUM_LOOPS)
+def test_gymnasium_steps_count_once_whether_one_env_a_vector_or_a_split_step(tmp_path, kind):
+    make, step, agents, stepped = GYMNASIUM_LOOPS[kind]
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        import gymnasium as gym
+        import torch
+        if __name__ == "__main__":
+            torch.set_num_threads(1)
+            envs = {make}
+            policy = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(policy.parameters(), lr=0.01)
+            obs, _ = envs.reset(seed=0)
+            obs = obs.reshape(-1, 4)
+            for update in range(3):
+                for t in range(8):
+                    with torch.no_grad():
+                        action = policy(torch.as_tensor(obs)).argmax(-1).numpy()
+    """) + textwrap.indent(textwrap.dedent(step), " " * 16) + textwrap.dedent("""
+                loss = policy(torch.as_tensor(obs).reshape(-1, 4)).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            inner = gym.wrappers.TimeLimit.step
+            print(json.dumps({"inner_step_timed": getattr(inner, "__rlperf_attached__", False)}))
+    """).replace("\n", "\n    "))
+    path = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, str(script)], env=attached_environment(path), capture_output=True,
+                          text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = RunSummary.check(json.loads(path.read_text()))
+    assert summary.steps == 3 * 8 * agents and summary.attached["env_classes"] == [stepped]
+    # a vector env's step restores the steps of the envs inside it: a vector loop pays for one wrapper a step
+    assert json.loads(done.stdout.splitlines()[-1])["inner_step_timed"] is (kind == "one env")
+
+
 # a simulator of the user's own: no library's env class, so attach knows no step of it until one is named
 OWN_SIMULATOR = textwrap.dedent("""
     import numpy as np

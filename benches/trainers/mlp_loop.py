@@ -5,21 +5,11 @@ Prints its own count of agent steps and the seconds training took, as JSON."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
+from benches.trainers.driver import ppo_parser, report, timed_training
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-envs", type=int, default=4)
-    parser.add_argument("--n-steps", type=int, default=128, help="env steps per rollout, per env")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--n-epochs", type=int, default=4, help="passes over each rollout")
-    parser.add_argument("--updates", type=int, default=6, help="rollouts, each followed by its update")
-    parser.add_argument("--net", type=int, default=64, help="width of the two hidden layers")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = ppo_parser(__doc__, n_envs=4, batch_size=128, device=False)
     args = parser.parse_args()
 
     import gymnasium as gym
@@ -45,45 +35,44 @@ def main() -> None:
     obs, _ = envs.reset(seed=args.seed)
     obs, steps = torch.as_tensor(obs, dtype=torch.float32), 0
 
-    start, cpu = time.perf_counter(), time.process_time()
-    for update in range(args.updates):
-        for t in range(horizon):
-            with torch.no_grad():
-                logits, value = policy(obs)
-            distribution = torch.distributions.Categorical(logits=logits)
-            action = distribution.sample()
-            observations[t], actions[t], log_probs[t], values[t] = obs, action, distribution.log_prob(action), value
-            next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
-            rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            dones[t] = torch.as_tensor(terminated | truncated, dtype=torch.float32)
-            obs = torch.as_tensor(next_obs, dtype=torch.float32)
-            steps += n
-        with torch.no_grad():
-            _, next_value = policy(obs)
-        advantages, last = torch.zeros(horizon, n), torch.zeros(n)
-        for t in reversed(range(horizon)):
-            following = next_value if t == horizon - 1 else values[t + 1]
-            delta = rewards[t] + 0.99 * following * (1 - dones[t]) - values[t]
-            last = delta + 0.99 * 0.95 * (1 - dones[t]) * last
-            advantages[t] = last
-        returns = advantages + values
-        flat = [tensor.reshape(horizon * n, *tensor.shape[2:]) for tensor in
-                (observations, actions, log_probs, advantages, returns)]
-        for epoch in range(args.n_epochs):
-            for batch in torch.randperm(horizon * n).split(args.batch_size):
-                b_obs, b_actions, b_log_probs, b_advantages, b_returns = (tensor[batch] for tensor in flat)
-                logits, value = policy(b_obs)
+    with timed_training() as seconds:
+        for update in range(args.updates):
+            for t in range(horizon):
+                with torch.no_grad():
+                    logits, value = policy(obs)
                 distribution = torch.distributions.Categorical(logits=logits)
-                ratio = (distribution.log_prob(b_actions) - b_log_probs).exp()
-                b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
-                clipped = torch.min(ratio * b_advantages, ratio.clamp(0.8, 1.2) * b_advantages)
-                loss = -clipped.mean() + 0.5 * (value - b_returns).pow(2).mean() - 0.01 * distribution.entropy().mean()
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-                optimizer.step()
-    print(json.dumps({"steps": steps, "learn_seconds": time.perf_counter() - start,
-                      "learn_cpu_seconds": time.process_time() - cpu}))
+                action = distribution.sample()
+                observations[t], actions[t], log_probs[t], values[t] = obs, action, distribution.log_prob(action), value
+                next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+                rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
+                dones[t] = torch.as_tensor(terminated | truncated, dtype=torch.float32)
+                obs = torch.as_tensor(next_obs, dtype=torch.float32)
+                steps += n
+            with torch.no_grad():
+                _, next_value = policy(obs)
+            advantages, last = torch.zeros(horizon, n), torch.zeros(n)
+            for t in reversed(range(horizon)):
+                following = next_value if t == horizon - 1 else values[t + 1]
+                delta = rewards[t] + 0.99 * following * (1 - dones[t]) - values[t]
+                last = delta + 0.99 * 0.95 * (1 - dones[t]) * last
+                advantages[t] = last
+            returns = advantages + values
+            flat = [tensor.reshape(horizon * n, *tensor.shape[2:]) for tensor in
+                    (observations, actions, log_probs, advantages, returns)]
+            for epoch in range(args.n_epochs):
+                for batch in torch.randperm(horizon * n).split(args.batch_size):
+                    b_obs, b_actions, b_log_probs, b_advantages, b_returns = (tensor[batch] for tensor in flat)
+                    logits, value = policy(b_obs)
+                    distribution = torch.distributions.Categorical(logits=logits)
+                    ratio = (distribution.log_prob(b_actions) - b_log_probs).exp()
+                    b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
+                    clipped = torch.min(ratio * b_advantages, ratio.clamp(0.8, 1.2) * b_advantages)
+                    loss = -clipped.mean() + 0.5 * (value - b_returns).pow(2).mean() - 0.01 * distribution.entropy().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                    optimizer.step()
+    report("steps", steps, seconds)
 
 
 if __name__ == "__main__":

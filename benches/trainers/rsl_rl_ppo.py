@@ -6,9 +6,9 @@ the seconds `learn` took, as JSON: the count attach must match, and the speed it
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import time
+
+from benches.trainers.driver import ppo_parser, report, timed_training
 
 
 def point_env_class():
@@ -66,16 +66,8 @@ def train_cfg(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-envs", type=int, default=64)
-    parser.add_argument("--n-steps", type=int, default=24, help="env steps per rollout, per env")
+    parser = ppo_parser(__doc__, n_envs=64, n_steps=24, batch_size=None)
     parser.add_argument("--mini-batches", type=int, default=4, help="minibatches per learning epoch")
-    parser.add_argument("--n-epochs", type=int, default=4, help="learning epochs per update")
-    parser.add_argument("--updates", type=int, default=6, help="rollouts, each followed by its update")
-    parser.add_argument("--net", type=int, default=64, help="width of the actor's and critic's two hidden layers")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     import contextlib
@@ -90,12 +82,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as log_dir:  # its logger counts steps only with somewhere to write them
         with contextlib.redirect_stdout(io.StringIO()):  # the runner prints its models and a table per update
             runner = OnPolicyRunner(env, train_cfg(args), log_dir=log_dir, device=args.device)
-            start, cpu = time.perf_counter(), time.process_time()
-            runner.learn(num_learning_iterations=args.updates)
-            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    print(json.dumps({"tot_timesteps": runner.logger.tot_timesteps, "learn_seconds": seconds,
-                      "learn_cpu_seconds": cpu_seconds,
-                      "mean_reward": float(sum(runner.logger.rewbuffer) / max(1, len(runner.logger.rewbuffer)))}))
+            with timed_training() as seconds:
+                runner.learn(num_learning_iterations=args.updates)
+    report("tot_timesteps", runner.logger.tot_timesteps, seconds,
+           mean_reward=float(sum(runner.logger.rewbuffer) / max(1, len(runner.logger.rewbuffer))))
 
 
 if __name__ == "__main__":

@@ -6,23 +6,12 @@ must match, and the speed its cost is measured by."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
+from benches.trainers.driver import ppo_parser, report, timed_training
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-envs", type=int, default=8)
-    parser.add_argument("--n-steps", type=int, default=128, help="env steps per rollout, per env")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--n-epochs", type=int, default=4, help="passes over each rollout")
-    parser.add_argument("--updates", type=int, default=6, help="rollouts, each followed by its update")
-    parser.add_argument("--net", type=int, default=64, help="width of the actor's and critic's two hidden layers")
+    parser = ppo_parser(__doc__)
     parser.add_argument("--vector", choices=("dummy", "subproc"), default="dummy")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     import gymnasium as gym
@@ -56,11 +45,10 @@ def main() -> None:
         training_collector=collector, max_epochs=1, epoch_num_steps=rollout * args.updates,
         collection_step_num_env_steps=rollout, batch_size=args.batch_size,
         update_step_num_repetitions=args.n_epochs, verbose=False, show_progress=False, logger=None)
-    start, cpu = time.perf_counter(), time.process_time()
-    result = algorithm.run_training(params)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    with timed_training() as seconds:
+        result = algorithm.run_training(params)
     envs.close()
-    print(json.dumps({"train_step": result.train_step, "learn_seconds": seconds, "learn_cpu_seconds": cpu_seconds}))
+    report("train_step", result.train_step, seconds)
 
 
 if __name__ == "__main__":

@@ -7,22 +7,13 @@ its cost is measured by."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 import warnings
+
+from benches.trainers.driver import ppo_parser, report, timed_training
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-envs", type=int, default=8)
-    parser.add_argument("--n-steps", type=int, default=128, help="env steps per collected batch, per env")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--n-epochs", type=int, default=4)
-    parser.add_argument("--updates", type=int, default=6, help="collected batches, each followed by its update")
-    parser.add_argument("--net", type=int, default=64, help="width of the policy's and value's two hidden layers")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = ppo_parser(__doc__, device=False)
     args = parser.parse_args()
 
     import torch
@@ -60,12 +51,10 @@ def main() -> None:
                          optimizer=torch.optim.Adam(loss.parameters(), lr=3e-4), replay_buffer=buffer,
                          num_epochs=args.n_epochs, progress_bar=False, enable_logging=False, log_rewards=False,
                          log_actions=False, save_trainer_file=None)
-    start, cpu = time.perf_counter(), time.process_time()
-    trainer.train()
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    with timed_training() as seconds:
+        trainer.train()
     collector.shutdown()
-    print(json.dumps({"collected_frames": trainer.collected_frames, "learn_seconds": seconds,
-                      "learn_cpu_seconds": cpu_seconds}))
+    report("collected_frames", trainer.collected_frames, seconds)
 
 
 if __name__ == "__main__":
