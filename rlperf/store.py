@@ -376,8 +376,9 @@ class Store:
         frame = parse_json_columns(frame, "phases", "summary")
         frame["summary"] = frame["summary"].map(RunSummary.read)
         stored = frame["memory"] if "memory" in frame else pd.Series(None, index=frame.index, dtype=object)
-        frame["memory"] = pd.Series([json.loads(text) if isinstance(text, str) else summary.memory
-                                     for text, summary in zip(stored, frame["summary"])], index=frame.index, dtype=object)
+        memory = [json.loads(text) if isinstance(text, str) else summary.memory
+                  for text, summary in zip(stored, frame["summary"])]
+        frame["memory"] = pd.Series(memory, index=frame.index, dtype=object)
         return frame
 
     def utilization(self, run_id: str) -> pd.DataFrame:
