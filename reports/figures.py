@@ -153,7 +153,7 @@ def memory_against_envs(lines: dict[str, pd.DataFrame], what: str) -> str:
         ax.set_xticks(values, [f"{v:g}" for v in values])
         ax.set_xlabel("num_envs")
         ax.set_ylabel(f"peak {what} (MiB)")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.1 * max(frame["bytes"].max() for frame in lines.values()) / 2 ** 20)
         ax.set_title(f"Peak {what} against num_envs")
         if len(lines) > 1 or next(iter(lines)) != "":
             ax.legend(loc="best")
