@@ -82,11 +82,3 @@ def memory_problem(memory: Any) -> str | None:
 def is_bytes(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
-
-def peak_bytes(memory: dict[str, Any] | None) -> int | None:
-    """The figure that says whether a run fits: the device's peak reserved bytes on CUDA (what the allocator held
-    from the driver), else the host's peak resident set; None when not measured."""
-    if not memory:
-        return None
-    device = memory.get(DEVICE_KEYS[1])
-    return device if device is not None else memory.get(HOST_KEY)
