@@ -114,8 +114,9 @@ class Gate:
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""
         from reports.formatting import print_gate
+        from reports.memory import changes, growth_line
         from reports.render import render
-        from decisions.rundata import load_run
+        from decisions.rundata import load_run, point_table
 
         new_run, ref_run = self.runs[("screen", "new")], self.runs[("screen", "ref")]
         report_dir = self.options.out_dir / new_run / "report"
@@ -127,11 +128,15 @@ class Gate:
         self.say(f"report: {paths[0]}; `rlperf report {store_path}::{new_run} --baseline {store_path}::{ref_run}` "
                  f"shows it again")
         code = rules.exit_code(found)
+        memory = changes(point_table(baseline), point_table(candidate))
+        if memory:
+            self.say(growth_line(memory))
         if self.summary is not None:
             write_summary(self.summary, {
                 "store": str(store_path), "runs": {f"{stage}_{side}": run for (stage, side), run in self.runs.items()},
                 "baseline": self.baseline, "report": str(report_dir), "exit_code": code,
-                "conclusion": rules.conclusion(found), "points": [rules.summary_row(v) for v in found]})
+                "conclusion": rules.conclusion(found), "points": [rules.summary_row(v) for v in found],
+                "memory": memory})
         self.say(rules.conclusion(found))
         return code
 

@@ -26,6 +26,7 @@ from reference_trainer.config import EVERY_PHASE
 from rlperf.summary import OTHER
 from decisions.intervals import fewest_repeats
 from decisions.rundata import summarize_points
+from reports.memory import fmt_bytes, peak_of
 from rlperf.errors import BadInput, MachineFault, fault, is_machine_fault, output_dir
 from rlperf.layout import STORE_FILE
 from rlperf.lock import MeasurementLock
@@ -225,7 +226,7 @@ class Sweep:
         for table in (rates, shares):
             for name in axes:
                 table.add_column(name)
-        for column in ("status", "n", "SPS", "spread", "e2e SPS", "contended", "detects"):
+        for column in ("status", "n", "SPS", "spread", "e2e SPS", "contended", "detects", "peak mem"):
             rates.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
         for column in ("h2d B/step", "h2d MB/s", *shown_phases):
             shares.add_column(column, justify="right", no_wrap=True)
@@ -235,7 +236,7 @@ class Sweep:
             rates.add_row(*point, row["status"], str(row["repeats"]), format_count(row["sps_median"]),
                           format_spread(row["spread"]), format_count(row["sps_end_to_end"]),
                           format_contended(row["contended"], row["repeats"]),
-                          format_detects(row["detects"], self.options.alpha))
+                          format_detects(row["detects"], self.options.alpha), fmt_bytes(peak_of(row)))
             shares.add_row(*point, format_count(row["h2d_bytes_per_step"]), format_megabytes(row["h2d_mb_per_s"]),
                            *(format_share(row.get(f"share.{phase}")) for phase in shown_phases))
         self.console.print(rates)

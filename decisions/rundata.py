@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from rlperf.memory import DEVICE_KEYS, HOST_KEY
 from rlperf.store import Store, open_results, point_label
 from reference_trainer.config import EVERY_PHASE
 from rlperf.summary import OTHER
@@ -73,8 +74,9 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
     (`detects`), and each phase's share of steady time
     (`share.PHASE`; `share.other`, what no phase claimed in another trainer's run, 0 in the reference trainer's),
     and the bytes copied host->device per agent step and per second (`h2d_bytes_per_step`,
-    `h2d_mb_per_s`; NaN for runs from before the trainer reported them). The bench's table and every report
-    read this one summary."""
+    `h2d_mb_per_s`; NaN for runs from before the trainer reported them), and the largest peak memory over the
+    repeats (`host_peak_rss_bytes`, `device_peak_allocated_bytes`, `device_peak_reserved_bytes`; NaN where not
+    measured). The bench's table and every report read this one summary."""
     rows = []
     for point in points.itertuples():
         mine = samples[samples["point_key"] == point.point_key]
@@ -105,10 +107,17 @@ def summarize_points(points: pd.DataFrame, samples: pd.DataFrame, threshold: flo
             "detects": detects,
             "h2d_bytes_per_step": h2d,
             "h2d_mb_per_s": h2d * median / 1e6,
+            **{key: _max_or_nan(pd.Series([(summary.memory or {}).get(key) for summary in summaries], dtype=object))
+               for key in (HOST_KEY, *DEVICE_KEYS)},
             **{f"share.{phase}": sum(p.get(phase, 0.0) for p in mine["phases"]) / steady if steady else np.nan
                for phase in (*EVERY_PHASE, OTHER)},
         })
     return pd.DataFrame(rows)
+
+
+def _max_or_nan(values: pd.Series) -> float:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    return float(values.max()) if len(values) else np.nan
 
 
 def _median_or_nan(values: pd.Series) -> float:

@@ -15,6 +15,7 @@ from reference_trainer.devices import Rank
 from reference_trainer.solving import time_to_solve
 from rlperf import __version__
 from rlperf.machine import cuda_uuid, torch_versions
+from rlperf.memory import device_peaks, host_peak_rss_bytes, memory_record
 from rlperf.summary import SCHEMA, RunSummary
 
 # the rollout's phases outside `env`: the trainer thread's work for the policy, which a group's env step can run beside
@@ -26,9 +27,11 @@ def summary_of_run(cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float,
                    setup_seconds: dict[str, float],
                    dtype_used: torch.dtype, device: torch.device, steady_window_unix_ns: list[int],
                    h2d_bytes_per_step: int, work: dict[str, Any], parameters: int,
-                   profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank) -> RunSummary:
+                   profiler: torch.profiler.profile | None, timeline: list[tuple], rank: Rank,
+                   phase_peaks: dict[str, list[int]] | None = None) -> RunSummary:
     """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
-    ranks, every rank calls this: they gather each other's steady figures into `ranks`."""
+    ranks, every rank calls this: they gather each other's steady figures into `ranks`. `phase_peaks`: each
+    phase's device peaks over the steady epochs, where the timers read them (CUDA)."""
     steady = [e for e in epochs if not e["warmup"]]
     steady_seconds = sum(e["seconds"] for e in steady)
     steady_steps = sum(e["steps"] for e in steady)
@@ -74,7 +77,21 @@ def summary_of_run(cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float,
         parameters=parameters,
         time_to_solve=time_to_solve(cfg, epochs, sps),
         ranks=rank.all_gather({"rank": rank.rank, "sps": sps, "phases": phases, "device_name": device_name}),
+        memory=run_memory(device, phase_peaks or {}),
     )
+
+
+def run_memory(device: torch.device, phase_peaks: dict[str, list[int]]) -> dict[str, Any]:
+    """The summary's `memory`: the process's peak resident set, and on CUDA the device's peaks over the steady
+    epochs: the largest phase's where the timers read them at each boundary, else the allocator's own since the
+    steady epochs began (reset then)."""
+    if device.type != "cuda":
+        return memory_record(host_peak_rss_bytes())
+    if phase_peaks:
+        overall = (max(peaks[0] for peaks in phase_peaks.values()), max(peaks[1] for peaks in phase_peaks.values()))
+    else:
+        overall = device_peaks(device)
+    return memory_record(host_peak_rss_bytes(), overall, phase_peaks)
 
 
 def env_overlap(cfg: TrainConfig, steady: list[dict], phases: dict[str, float]) -> dict[str, Any] | None:

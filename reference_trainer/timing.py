@@ -5,7 +5,8 @@ the epoch with no gaps. On CUDA a boundary is a CUDA event on the current stream
 reading: queued kernels are charged to the phase that launched them, and host time spent while the GPU
 waits is charged to the phase the host was in. Events are read once per epoch, after one synchronisation.
 The events are made in the first epoch and recorded again in every later one (hundreds an epoch, each a
-driver call to make), each read before it is recorded again.
+driver call to make), each read before it is recorded again. On CUDA each boundary also reads and resets the
+caching allocator's peak counters, host-side figures that never wait for the device: each phase's peak memory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from reference_trainer.config import PHASES
+from rlperf.memory import device_peaks, fold_peaks, reset_device_peaks
 from rlperf.phases import delayed_epoch
 from rlperf.spin import spin
 
@@ -48,7 +50,9 @@ class PhaseTimer:
     def __init__(self, device: torch.device, enabled: bool, delays_ms: dict[str, float],
                  phases: tuple[str, ...] = PHASES, delay_every: int = 1, warmup_epochs: int = 1):
         self.enabled, self.phases = enabled, phases
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
+        # CUDA, timers on: each phase's [allocated, reserved] peak bytes this epoch, the larger over its visits
+        self.phase_peaks: dict[str, list[int]] = {}
         self.all_delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
         self.delay_every, self.warmup_epochs = delay_every, warmup_epochs
         self.epochs_started = 0
@@ -85,10 +89,15 @@ class PhaseTimer:
             torch.cuda.synchronize()
         # last epoch's events were read after its synchronisation: they can be recorded again
         self.events_used = 0
+        self.phase_peaks = {}
+        if self.cuda and self.enabled:
+            reset_device_peaks(self.device)
         self._epoch_start = time.perf_counter()
 
     def enter(self, phase: str) -> None:
         if self.enabled:
+            if self.cuda and self.marks and self.marks[-1][0] != phase:
+                self.close_phase_peaks()
             self.marks.append((phase, self._mark(), time.time_ns() if self.record_timeline else 0))
             if self.trace_ranges:
                 if self.range is not None:
@@ -102,6 +111,8 @@ class PhaseTimer:
 
     def end_epoch(self) -> tuple[float, dict[str, float]]:
         """Closes the epoch; returns its seconds and the seconds of each phase."""
+        if self.cuda and self.enabled and self.marks:
+            self.close_phase_peaks()
         end_mark = self._mark()
         if self.cuda:
             torch.cuda.synchronize()
@@ -118,3 +129,9 @@ class PhaseTimer:
             if self.record_timeline:
                 self.timeline.append((phase, start_ns, stop_ns))
         return seconds, phases
+
+    def close_phase_peaks(self) -> None:
+        """Charges the allocator's peaks since the last boundary to the phase it closes, and starts the next
+        phase's from what is allocated now: two host calls, no wait for the device."""
+        fold_peaks(self.phase_peaks, self.marks[-1][0], device_peaks(self.device))
+        reset_device_peaks(self.device)

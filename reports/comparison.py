@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from reference_trainer.config import MACHINE, fields_with
-from reports import figures, roofline
+from reports import figures, memory, roofline
 from reports.page import Report, Section
 from reports.formatting import fingerprint_section, fmt_sps, machine_line
 from decisions.rundata import RunData, phase_us_per_step, point_table
@@ -40,16 +40,20 @@ def side_points(run: RunData) -> dict[str, dict]:
             key = across_machines(point.point_key, point.config)
             points[key] = {"label": label, "point_key": point.point_key, "config": point.config,
                            "sps": table.at[point.point_key, "sps_median"],
-                           "shares": shares.loc[label]}
+                           "shares": shares.loc[label], "memory": memory.peak_of(table.loc[point.point_key]),
+                           "memory_kind": memory.peak_kind(table.loc[point.point_key])}
     return points
 
 
 def summary(runs: dict[str, RunData], labels: dict[str, str]) -> pd.DataFrame:
-    """The terminal's view: median SPS on each machine for every configuration measured on both."""
+    """The terminal's view: median SPS and peak memory on each machine for every configuration measured on both."""
     a_points, b_points = side_points(runs["A"]), side_points(runs["B"])
     a, b = labels["A"], labels["B"]
     return pd.DataFrame([{"point": left["label"], f"SPS {a}": fmt_sps(left["sps"]),
-                          f"SPS {b}": fmt_sps(right["sps"]), f"{b} / {a}": f"{right['sps'] / left['sps']:.2f}×"}
+                          f"SPS {b}": fmt_sps(right["sps"]), f"{b} / {a}": f"{right['sps'] / left['sps']:.2f}×",
+                          f"peak mem {a}": memory.fmt_bytes(left["memory"]),
+                          f"peak mem {b}": memory.fmt_bytes(right["memory"]),
+                          "mem change": memory_change(left, right)}
                          for key, left in a_points.items() if (right := b_points.get(key)) is not None])
 
 
@@ -62,7 +66,8 @@ def build(runs: dict[str, RunData], labels: dict[str, str], prices: dict[str, fl
         sections.append(Section("Steps per second", ["No configuration was measured successfully on both "
                                                      "machines: nothing to compare."]))
     else:
-        sections += [sps_section(matched, a, b, prices), phase_share_section(matched, a, b),
+        sections += [sps_section(matched, a, b, prices), memory_section(matched, a, b),
+                     phase_share_section(matched, a, b),
                      roofline.comparison_section(matched, runs, labels)]
     for side, label in (("A", a), ("B", b)):
         section = fingerprint_section(runs[side])
@@ -103,3 +108,17 @@ def phase_share_section(matched: list[tuple[dict, dict]], a: str, b: str) -> Sec
     text = ["Each phase's share of the steady step time on each machine: a phase whose share grows on one "
             "machine is what that machine is slow at."]
     return Section("Phase shares", text, [pd.DataFrame(rows)])
+
+
+def memory_section(matched: list[tuple[dict, dict]], a: str, b: str) -> Section:
+    rows = [{"point": left["label"], f"peak memory {a}": memory.fmt_bytes(left["memory"]),
+             f"peak memory {b}": memory.fmt_bytes(right["memory"]),
+             "change": memory_change(left, right)} for left, right in matched]
+    text = ["Peak memory per configuration, the largest over each machine's repeats: the device's peak reserved "
+            "bytes on CUDA, else the trainer process's peak RSS (no change is shown between a device's figure and "
+            "a host's). The change is information, not a verdict."]
+    return Section("Peak memory", text, [pd.DataFrame(rows)])
+
+
+def memory_change(left: dict, right: dict) -> str:
+    return memory.fmt_growth(left["memory"], right["memory"]) if left["memory_kind"] == right["memory_kind"] else "–"

@@ -137,6 +137,29 @@ def sps_along_axis(axis: str, lines: dict[str, pd.DataFrame]) -> str:
         return to_svg(figure)
 
 
+def memory_against_envs(lines: dict[str, pd.DataFrame], what: str) -> str:
+    """Peak memory against num_envs; `lines` maps a label of the other axes' values to (num_envs, bytes) rows,
+    `what` names the figure drawn (device reserved, host RSS)."""
+    with rc_context(STYLE):
+        figure = _new(5.2, 3.2)
+        ax = figure.add_subplot()
+        for index, (label, frame) in enumerate(lines.items()):
+            ax.plot(frame["num_envs"], frame["bytes"] / 2 ** 20, "o-", color=PALETTE[index % len(PALETTE)],
+                    label=_short(label, 40) or "measured", ms=4)
+        values = sorted({n for frame in lines.values() for n in frame["num_envs"]})
+        if len(values) > 2 and values[0] > 0 and values[-1] / values[0] >= 8:
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.set_xlabel("num_envs")
+        ax.set_ylabel(f"peak {what} (MiB)")
+        ax.set_ylim(0, 1.1 * max(frame["bytes"].max() for frame in lines.values()) / 2 ** 20)
+        ax.set_title(f"Peak {what} against num_envs")
+        if len(lines) > 1 or next(iter(lines)) != "":
+            ax.legend(loc="best")
+        return to_svg(figure)
+
+
 def scaling(lines: dict[str, pd.DataFrame]) -> str:
     """Aggregate SPS against world size with the ideal line from one rank; `lines`: world_size, sps."""
     with rc_context(STYLE):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from reports import figures, roofline
+from reports import figures, memory, roofline
 from reports.formatting import fingerprint_section, fmt_change, fmt_detectable, fmt_p, fmt_sps, machine_line
 from decisions.learning import LearningVerdict
 from reports.learning_report import baseline_learning_section, knob_learning_section, learning_section
@@ -163,6 +163,7 @@ def sps_section(table: pd.DataFrame) -> Section:
         "host→device MB/s": table["h2d_mb_per_s"].map(lambda v: f"{v:,.1f}" if np.isfinite(v) else "–"),
         "dtype used": table["dtype_used"], "device": table["device"],
         "episode return": table["mean_episode_return"].map(lambda v: f"{v:.3g}" if np.isfinite(v) else "–"),
+        **memory.table_columns(table),
         "note": table["reason"],
     })
     measured = table[table["repeats"] > 0]
@@ -172,7 +173,9 @@ def sps_section(table: pd.DataFrame) -> Section:
             "used the machine (left out of verdicts); 'detects': the smallest slowdown the quiet repeats would "
             "catch 95% of the time against as many repeats as noisy. Host→device: the bytes the rollout copies "
             "into the experience buffers per agent step (observation, reward, done and, for envs that reset on the "
-            "next step, valid flags), and per second at the median SPS."]
+            "next step, valid flags), and per second at the median SPS. Peak RSS: the trainer process's peak resident "
+            "set; peak device: the CUDA allocator's peak allocated and reserved bytes over the steady epochs; each "
+            "the largest over the repeats."]
     return Section("Steps per second", text, [shown], figs)
 
 
@@ -523,12 +526,12 @@ def build(candidate: RunData, baseline: RunData | None = None, threshold: float 
     if baseline is not None:
         # a point that got faster but learns worse is said first
         learning, learning_verdicts = baseline_learning_section(candidate, baseline, verdicts, alpha)
-        sections += [learning, speed_section]
+        sections += [learning, speed_section, memory.baseline_section(point_table(baseline), table)]
     if not table.empty:
         sections += [sps_section(table), learning_section(candidate, table, alpha),
                      knob_learning_section(candidate, threshold, alpha), quiet_section(candidate),
                      phase_section(candidate), env_overlap_section(candidate), roofline.section(candidate), knob_section(candidate, threshold, alpha),
-                     axes_section(candidate, table),
+                     axes_section(candidate, table), memory.section(candidate, table),
                      scaling_section(candidate, table), ranks_section(candidate), utilization_section(candidate),
                      gpu_clocks_section(candidate)]
     sections += [collectives_section(candidate), traces_section(candidate), fingerprint_section(candidate)]

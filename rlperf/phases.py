@@ -30,6 +30,7 @@ from typing import Any
 
 from rlperf import __version__
 from rlperf.errors import MachineFault, written_whole
+from rlperf.memory import device_peaks, host_peak_rss_bytes, memory_record, reset_device_peaks
 from rlperf.spin import spin
 from rlperf.summary import OTHER, PHASES, SCHEMA, RunSummary
 
@@ -143,6 +144,10 @@ class PhaseClock:
         self.cuda = False  # whether this epoch's stamps are CUDA events
         self.events: list[Any] = []  # recorded events, reused from epoch to epoch
         self.spare_events: list[Any] = []
+        # the device's [allocated, reserved] peaks since the first steady epoch began, read at each steady epoch's
+        # end (CUDA, where its context existed when the steady epochs began)
+        self.device_peaks: tuple[int, int] | None = None
+        self.peaks_reset = False
         self.finished = False
 
     # ---- marks ----------------------------------------------------------------------------------------
@@ -167,6 +172,9 @@ class PhaseClock:
             import torch
 
             torch.cuda.synchronize()  # the previous epoch's queued work is that epoch's
+            if len(self.epochs) == self.warmup_epochs and not self.peaks_reset:
+                reset_device_peaks(torch.cuda.current_device())
+                self.peaks_reset = True
         self.epoch_host_start = time.perf_counter()
         if self.started_unix_ns is None:
             self.started_unix_ns = time.time_ns()
@@ -227,6 +235,10 @@ class PhaseClock:
 
             torch.cuda.synchronize()
         host_seconds = time.perf_counter() - self.epoch_host_start
+        if self.cuda and self.peaks_reset:
+            import torch
+
+            self.device_peaks = device_peaks(torch.cuda.current_device())
         phases = dict.fromkeys((*PHASES, OTHER), 0.0)
         stamps = [stamp for _, stamp in marks] + [end]
         for (label, start), stop in zip(marks, stamps[1:]):
@@ -290,6 +302,7 @@ class PhaseClock:
                       "delays_ms": self.delays_ms, "delay_every": self.delay_every,
                       **({"missing": self.missing} if self.missing else {}),
                       "marks_per_epoch": sum(epoch["marks"] for epoch in steady) / len(steady)},
+            memory=memory_record(host_peak_rss_bytes(), self.device_peaks),
         )
 
     def device_name(self) -> str:

@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS peaks (
 );
 CREATE INDEX IF NOT EXISTS peaks_by_machine ON peaks (machine_key);
 """
+# Added to `samples` after version 1 was first written: a store without it is still version 1, gains it when
+# opened for writing, and reads each sample's memory from its summary (none in summaries written before it).
+SAMPLES_MEMORY_COLUMN = "ALTER TABLE samples ADD COLUMN memory TEXT"
 SCHEMA = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -83,6 +86,7 @@ CREATE TABLE samples (
     phases TEXT NOT NULL,
     mean_episode_return REAL,
     summary TEXT NOT NULL,
+    memory TEXT,
     PRIMARY KEY (run_id, point_key, repeat),
     FOREIGN KEY (run_id, point_key) REFERENCES points(run_id, point_key)
 );
@@ -203,6 +207,9 @@ class Store:
                 db.execute("PRAGMA synchronous = FULL")
                 if "peaks" not in tables and tables:
                     db.executescript(PEAKS_TABLE)
+                if tables and "memory" not in table_columns(db, "samples"):
+                    with db:
+                        db.execute(SAMPLES_MEMORY_COLUMN)
             db.execute("PRAGMA foreign_keys = ON")
         return cls(path, db, readonly)
 
@@ -260,11 +267,11 @@ class Store:
             )
             self._db.executemany(
                 "INSERT INTO samples (run_id, point_key, repeat, sps, sps_end_to_end, warmup_seconds, wall_seconds,"
-                " phases, mean_episode_return, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " phases, mean_episode_return, summary, memory) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (run_id, record.point_key, repeat, summary.sps, summary.sps_end_to_end, summary.warmup_seconds,
                      summary.wall_seconds, json.dumps(summary.phases), summary.mean_episode_return,
-                     json.dumps(summary.to_dict()))
+                     json.dumps(summary.to_dict()), None if summary.memory is None else json.dumps(summary.memory))
                     for repeat, summary in ((repeat, RunSummary.read(given)) for repeat, given in record.samples)
                 ],
             )
@@ -362,10 +369,16 @@ class Store:
         return parse_json_columns(frame, "config")
 
     def samples(self, run_id: str) -> pd.DataFrame:
+        """Every sample of the run, `summary` read as a RunSummary; `memory` is the summary's (None where not
+        measured), also in stores opened read-only from before the column was added."""
         self.require_run(run_id)
         frame = self._frame("SELECT * FROM samples WHERE run_id = ? ORDER BY rowid", (run_id,))
         frame = parse_json_columns(frame, "phases", "summary")
         frame["summary"] = frame["summary"].map(RunSummary.read)
+        stored = frame["memory"] if "memory" in frame else pd.Series(None, index=frame.index, dtype=object)
+        memory = [json.loads(text) if isinstance(text, str) else summary.memory
+                  for text, summary in zip(stored, frame["summary"])]
+        frame["memory"] = pd.Series(memory, index=frame.index, dtype=object)
         return frame
 
     def utilization(self, run_id: str) -> pd.DataFrame:
@@ -419,10 +432,12 @@ class Store:
         samples = self.samples(run_id).drop(columns=["run_id", "summary"])
         table = points.drop(columns=["config"]).merge(samples, on="point_key", how="left")
         phases = pd.json_normalize(table.pop("phases").map(lambda p: p if isinstance(p, dict) else {}).tolist())
+        memory = pd.json_normalize(table.pop("memory").map(lambda m: m if isinstance(m, dict) else {}).tolist(),
+                                   max_level=0)
         configs = pd.json_normalize(points.set_index("point_key").loc[table["point_key"], "config"].tolist(),
                                     max_level=0)
-        flat = pd.concat([table.reset_index(drop=True), phases.add_prefix("phase."), configs.add_prefix("config.")],
-                         axis=1)
+        flat = pd.concat([table.reset_index(drop=True), phases.add_prefix("phase."), memory.add_prefix("memory."),
+                          configs.add_prefix("config.")], axis=1)
         for column in flat.columns:
             if flat[column].map(lambda v: isinstance(v, (dict, list))).any():
                 flat[column] = flat[column].map(json.dumps)
@@ -441,6 +456,10 @@ class Store:
         if self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
             known = [row[0] for row in self._db.execute("SELECT run_id FROM runs ORDER BY rowid DESC LIMIT 5")]
             raise BadInput(f"run: no run {run_id!r} in {self.path} (newest: {', '.join(known) or 'none'})")
+
+
+def table_columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
 def parse_json_columns(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:

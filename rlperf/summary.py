@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlperf.errors import BadInput
+from rlperf.memory import memory_problem
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -31,7 +32,7 @@ OTHER = "other"
 REQUIRED = ("schema", "sps", "steps", "steady_steps", "steady_seconds", "wall_seconds", "phases", "epochs")
 EPOCH_REQUIRED = ("steps", "seconds", "warmup", "phases")
 # Written only when they hold something (a traced run, several ranks, an attached or measured run).
-PRESENT_ONLY = ("trace", "timeline", "ranks", "attached", "interference", "pair")
+PRESENT_ONLY = ("trace", "timeline", "ranks", "attached", "interference", "pair", "memory")
 
 
 @dataclass
@@ -77,6 +78,8 @@ class RunSummary:
     attached: dict[str, Any] | None = None
     interference: dict[str, Any] | None = None
     pair: dict[str, Any] | None = None
+    # peak host and device memory (rlperf/memory.py); None when not measured, as in summaries written before it
+    memory: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -140,6 +143,9 @@ class RunSummary:
             if lacking:
                 raise BadInput(f"summary: epochs[{index}] lacks {lacking[0]} (each epoch has "
                                f"{', '.join(EPOCH_REQUIRED)})")
+        problem = memory_problem(summary.memory)
+        if problem:
+            raise BadInput(f"summary: memory: {problem}")
         if summary.writer not in WRITERS:
             raise BadInput(f"summary: writer {summary.writer!r} is not one of {', '.join(WRITERS)}")
         return summary

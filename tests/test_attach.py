@@ -72,6 +72,8 @@ def test_a_hand_written_gymnasium_loop_is_attributed_without_a_line_changed(tmp_
     assert ran == "yes"
     summary = RunSummary.check(json.loads(path.read_text()))
     assert summary.writer == "attach" and len(summary.epochs) == 4
+    # the process's peak resident set (torch alone holds more than 64 MiB); no device figures off CUDA
+    assert summary.memory["host_peak_rss_bytes"] > 2 ** 26 and summary.memory["device_peak_reserved_bytes"] is None
     assert summary.steps == int(steps) == 4 * 16 * 4 and summary.steady_steps == 3 * 16 * 4
     assert all(summary.phases[name] > 0 for name in ATTACHED)
     # by position: the sleep between rollout and update is train_misc, the one after an update other (two of the
@@ -344,6 +346,8 @@ def test_on_cuda_an_attached_sb3_ppo_lands_each_delay_in_its_phase(tmp_path):
         pytest.skip("needs CUDA")
     summary, _, busy = delayed_in_every_other_epoch([*SB3, "--device", "cuda"], tmp_path)
     assert summary.device_name != "cpu"
+    # the device's peaks over the steady epochs: the policy and its optimizer's state at least
+    assert 0 < summary.memory["device_peak_allocated_bytes"] <= summary.memory["device_peak_reserved_bytes"]
     # on CUDA a boundary is an event: each delay still lands in its phase, within 95-105%, on a quiet machine
     shares = {name: paired_shares(summary.epochs, name, DELAY_MS / 1000) for name in ATTACHED}
     assert all(0.95 <= statistics.median(pairs) <= 1.05 for pairs in shares.values()) or busy["contended"], \

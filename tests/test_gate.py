@@ -438,9 +438,15 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     # the same code on both sides passes (exit 0); the stages were all seen above, so a screen of two pairs will do
     git(repo, "checkout", "--", ".")
     clean = rlperf(repo, "gate", "--suite", str(tmp_path / "two.toml"), "--baseline", "HEAD", "--max-repeats", "8",
-                   "--screen-pairs", "2", "--refine-points", "0", "--out", "../clean", timeout=880)
+                   "--screen-pairs", "2", "--refine-points", "0", "--out", "../clean", "--summary", "../clean.json",
+                   timeout=880)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert json.dumps(clean.stdout.strip().splitlines()[-1]).startswith('"gate: no point got slower')
+    # peak memory beside the verdicts, as information: each point's on both sides
+    memory = json.loads((tmp_path / "clean.json").read_text())["memory"]
+    assert {row["point"] for row in memory} == {"num_envs=16", "num_envs=24"}
+    assert all(row["measure"] == "host_peak_rss_bytes" and row["baseline_bytes"] > 0 for row in memory)
+    assert "peak memory (information, not a verdict)" in clean.stdout
 
 
 def start_gate(repo: Path, out: Path, temp: Path) -> subprocess.Popen:

@@ -145,9 +145,9 @@ def test_report_has_every_section_and_regressions_fail(rendered):
     assert "| dtype=fp32, num_envs=16 | cpu | 3.0 | 42.7 | – | – | – | aten::mm, aten::addmm | traces/t.json.gz |" \
         in markdown
     html = html_path.read_text()
-    # sps per point, phases, a roofline per measured point (6), two swept axes (num_envs, dtype), scaling,
-    # utilization, collectives
-    assert html.count('<figure class="plot"><svg') == 13
+    # sps per point, phases, a roofline per measured point (6), two swept axes (num_envs, dtype), peak memory
+    # against num_envs, scaling, utilization, collectives
+    assert html.count('<figure class="plot"><svg') == 14
 
 
 def test_each_knob_is_compared_with_its_baseline_phase_by_phase(summary, tmp_path):
@@ -252,7 +252,7 @@ def needs_browser(test):
 def test_report_loads_in_a_real_browser_with_every_figure_drawn(rendered, tmp_path):
     found = open_in_browser(rendered[2], tmp_path)
     assert found["errors"] == [] and found["console"] == []
-    assert len(found["figures"]) == 13
+    assert len(found["figures"]) == 14
     for figure in found["figures"]:
         assert figure["width"] > 200 and figure["height"] > 100 and figure["drawn"] > 10, figure
 
