@@ -31,7 +31,7 @@ def summary_of_run(cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float,
                    phase_peaks: dict[str, list[int]] | None = None) -> RunSummary:
     """The summary of a run's `epochs`, its steady figures over the non-warm-up epochs. With several
     ranks, every rank calls this: they gather each other's steady figures into `ranks`. `phase_peaks`: each
-    phase's device peaks over the steady epochs, where the timers read them (CUDA)."""
+    phase's device peaks in the last warm-up epoch, where the timers read them (CUDA)."""
     steady = [e for e in epochs if not e["warmup"]]
     steady_seconds = sum(e["seconds"] for e in steady)
     steady_steps = sum(e["steps"] for e in steady)
@@ -82,16 +82,11 @@ def summary_of_run(cfg: TrainConfig, epochs: list[dict], *, wall_seconds: float,
 
 
 def run_memory(device: torch.device, phase_peaks: dict[str, list[int]]) -> dict[str, Any]:
-    """The summary's `memory`: the process's peak resident set, and on CUDA the device's peaks over the steady
-    epochs: the largest phase's where the timers read them at each boundary, else the allocator's own since the
-    steady epochs began (reset then)."""
+    """The summary's `memory`: the process's peak resident set, and on CUDA the allocator's peaks since the steady
+    epochs began (reset then), with each phase's from the last warm-up epoch where the timers read them."""
     if device.type != "cuda":
         return memory_record(host_peak_rss_bytes())
-    if phase_peaks:
-        overall = (max(peaks[0] for peaks in phase_peaks.values()), max(peaks[1] for peaks in phase_peaks.values()))
-    else:
-        overall = device_peaks(device)
-    return memory_record(host_peak_rss_bytes(), overall, phase_peaks)
+    return memory_record(host_peak_rss_bytes(), device_peaks(device), phase_peaks)
 
 
 def env_overlap(cfg: TrainConfig, steady: list[dict], phases: dict[str, float]) -> dict[str, Any] | None:

@@ -5,8 +5,9 @@ the epoch with no gaps. On CUDA a boundary is a CUDA event on the current stream
 reading: queued kernels are charged to the phase that launched them, and host time spent while the GPU
 waits is charged to the phase the host was in. Events are read once per epoch, after one synchronisation.
 The events are made in the first epoch and recorded again in every later one (hundreds an epoch, each a
-driver call to make), each read before it is recorded again. On CUDA each boundary also reads and resets the
-caching allocator's peak counters, host-side figures that never wait for the device: each phase's peak memory.
+driver call to make), each read before it is recorded again. On CUDA, in the last warm-up epoch only, each
+boundary also reads and resets the caching allocator's peak counters (host-side, never waiting for the device, but
+tens of microseconds a read): each phase's peak memory, at no cost to the steady epochs.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ class PhaseTimer:
                  phases: tuple[str, ...] = PHASES, delay_every: int = 1, warmup_epochs: int = 1):
         self.enabled, self.phases = enabled, phases
         self.device, self.cuda = device, device.type == "cuda"
-        # CUDA, timers on: each phase's [allocated, reserved] peak bytes this epoch, the larger over its visits
+        # CUDA, timers on, the last warm-up epoch: each phase's [allocated, reserved] peak bytes, the larger over
+        # its visits
         self.phase_peaks: dict[str, list[int]] = {}
+        self.reading_peaks = False
         self.all_delays = {phase: ms / 1000.0 for phase, ms in delays_ms.items()}
         self.delay_every, self.warmup_epochs = delay_every, warmup_epochs
         self.epochs_started = 0
@@ -83,20 +86,21 @@ class PhaseTimer:
         # with delay_every N, one epoch in N is delayed (`rlperf selfcheck` pairs it with its neighbour)
         delayed = delayed_epoch(self.epochs_started, self.delay_every, self.warmup_epochs)
         self.delays = self.all_delays if delayed else {}
+        self.reading_peaks = self.cuda and self.enabled and self.epochs_started == self.warmup_epochs - 1
         self.epochs_started += 1
         self.marks.clear()
         if self.cuda:
             torch.cuda.synchronize()
         # last epoch's events were read after its synchronisation: they can be recorded again
         self.events_used = 0
-        self.phase_peaks = {}
-        if self.cuda and self.enabled:
+        if self.reading_peaks:
+            self.phase_peaks = {}
             reset_device_peaks(self.device)
         self._epoch_start = time.perf_counter()
 
     def enter(self, phase: str) -> None:
         if self.enabled:
-            if self.cuda and self.marks and self.marks[-1][0] != phase:
+            if self.reading_peaks and self.marks and self.marks[-1][0] != phase:
                 self.close_phase_peaks()
             self.marks.append((phase, self._mark(), time.time_ns() if self.record_timeline else 0))
             if self.trace_ranges:
@@ -111,7 +115,7 @@ class PhaseTimer:
 
     def end_epoch(self) -> tuple[float, dict[str, float]]:
         """Closes the epoch; returns its seconds and the seconds of each phase."""
-        if self.cuda and self.enabled and self.marks:
+        if self.reading_peaks and self.marks:
             self.close_phase_peaks()
         end_mark = self._mark()
         if self.cuda:

@@ -29,7 +29,7 @@ from reference_trainer.tracing import set_up_cupti_before_capture, start_profile
 from reference_trainer.work import count_work
 from rlperf.cpus import usable_cores
 from rlperf.errors import written_whole
-from rlperf.memory import fold_peaks, reset_device_peaks
+from rlperf.memory import reset_device_peaks
 from rlperf.torch_api import supported_torch
 
 
@@ -146,7 +146,7 @@ class Trainer:
         self.timer = PhaseTimer(device, cfg.timers, cfg.inject_delay, cfg.phases, cfg.inject_delay_every,
                                 cfg.warmup_epochs)
         self.profiler: torch.profiler.profile | None = None
-        self.steady_phase_peaks: dict[str, list[int]] = {}  # CUDA with timers: each phase's over the steady epochs
+        self.phase_peaks: dict[str, list[int]] = {}  # CUDA with timers: each phase's, in the last warm-up epoch
         self.warmup_end = self.steady_start_ns = None
         setup.lap("optimizer")
         T = cfg.horizon
@@ -172,7 +172,7 @@ class Trainer:
         if self.cfg.trace_dir:
             self.profiler = start_profiler(self.cfg, self.device, self.rank.rank)
         if self.device.type == "cuda":
-            reset_device_peaks(self.device)  # the run's device peaks without timers: the steady epochs' alone
+            reset_device_peaks(self.device)  # the run's device peaks: the steady epochs' alone
         self.warmup_end = time.perf_counter()
         self.steady_start_ns = time.time_ns()
 
@@ -294,9 +294,8 @@ class Trainer:
         if cfg.anneal_lr and not cfg.whole_update:  # a whole update anneals it on the device
             self.lr.fill_(cfg.learning_rate * (1.0 - (epoch + 1) / cfg.num_epochs))
         seconds, phases = self.timer.end_epoch()
-        if epoch >= cfg.warmup_epochs:
-            for phase, peaks in self.timer.phase_peaks.items():
-                fold_peaks(self.steady_phase_peaks, phase, peaks)
+        if epoch == cfg.warmup_epochs - 1:
+            self.phase_peaks = dict(self.timer.phase_peaks)
         env_times = [stepper.take_times() for stepper in self.steppers]
         env_busy = busy_seconds([span for spans, _ in env_times for span in spans]) if env_times else None
         env_wait = sum(wait for _, wait in env_times) if env_times else None
@@ -340,7 +339,7 @@ class Trainer:
             steady_window_unix_ns=[self.steady_start_ns, steady_end_ns],
             h2d_bytes_per_step=0 if self.env_on_device else self.experience.h2d_bytes_per_step, work=self.work,
             parameters=sum(p.numel() for p in self.policy.parameters()), profiler=self.profiler,
-            timeline=self.timer.timeline, rank=self.rank, phase_peaks=self.steady_phase_peaks)
+            timeline=self.timer.timeline, rank=self.rank, phase_peaks=self.phase_peaks)
 
 
 def build_policy(cfg: TrainConfig, obs_shape: tuple[int, ...], num_actions: int, obs_dtype: torch.dtype,

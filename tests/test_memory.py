@@ -178,10 +178,33 @@ def test_each_phase_gets_the_allocators_peak_while_it_ran_the_largest_over_its_v
     monkeypatch.setattr(timing, "device_peaks", lambda device: reads.append(1) or next(scripted))
     monkeypatch.setattr(timing, "reset_device_peaks", lambda device: resets.append(1))
     timer = timing.PhaseTimer(torch.device("cpu"), True, {})
-    timer.cuda = True
+    timer.cuda = timer.reading_peaks = True
     monkeypatch.setattr(timer, "_mark", lambda: 0.0)
     for phase in ("env", "env", "learn", "env", "log"):
         timer.enter(phase)
     timer.close_phase_peaks()  # as end_epoch does
     assert timer.phase_peaks == {"env": [30, 90], "learn": [50, 60], "log": [5, 5]}
     assert len(reads) == len(resets) == 4
+
+
+def test_only_the_last_warm_up_epoch_reads_the_allocators_peaks(monkeypatch):
+    """A read takes tens of microseconds and a step-by-step epoch has hundreds of boundaries: the steady epochs,
+    whose time is the figure, read none."""
+    import torch
+
+    from reference_trainer import timing
+
+    reads = []
+    monkeypatch.setattr(timing, "device_peaks", lambda device: reads.append(timer.epochs_started) or (1, 1))
+    monkeypatch.setattr(timing, "reset_device_peaks", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    timer = timing.PhaseTimer(torch.device("cpu"), True, {}, warmup_epochs=2)
+    timer.cuda = True
+    monkeypatch.setattr(timer, "_mark", lambda: 0.0)
+    for epoch in range(4):
+        timer.start_epoch()
+        for phase in ("env", "learn", "log"):
+            timer.enter(phase)
+        if timer.reading_peaks:  # as end_epoch does
+            timer.close_phase_peaks()
+    assert set(reads) == {2}  # epochs_started counts the epoch in progress: the second, the last warm-up one
