@@ -1,0 +1,70 @@
+"""`rlperf profile --against REF`: the working tree and REF traced in one job, each from a checkout beside the
+working tree (benches/worktrees.py), `processes` traced processes a side started in turn (REF, working tree, REF,
+...), then their diff (decisions/trace_diff.py) shown and written beside the traces (docs/profiling.md#traced-diffs).
+
+Each process is a profile directory of its own, `OUT/ref/N` or `OUT/new/N`, its trace named by side and process
+(`trace-ref-1.json.gz`), so that `rlperf diff OUT/ref OUT/new` reads the same diff again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from benches.worktrees import resolve_commit, working_copy, worktree
+from profilers.profile_run import PROFILE_NAME, TRACE_NAME, ProfileResult
+from profilers.profile_sets import read_side
+from reports.trace_diff import compared, print_diff, write_diff
+from rlperf.errors import BadInput
+from rlperf.terminal import say_on
+
+SIDES = ("ref", "new")
+# One side's process traced from a checkout into a directory: profile_run or profile_command, bound to the options.
+TraceOne = Callable[[Path, Path], ProfileResult]
+
+
+def traced_against(ref: str, processes: int, out_dir: Path, trace_one: TraceOne, console: Console,
+                   alpha: float) -> tuple[int, dict | None]:
+    """Both sides traced and diffed; the exit code and the diff (None where a process failed: its message said
+    why)."""
+    if processes < 2:
+        raise BadInput(f"processes: at least 2 a side, so that each side has a spread to judge by (got {processes})")
+    say = say_on(console)
+    commit = resolve_commit(ref)
+    labels = {"ref": f"{ref} ({commit[:10]})", "new": "working tree"}
+    with worktree(commit, say) as ref_tree, working_copy(say) as new_tree:
+        trees = {"ref": ref_tree, "new": new_tree}
+        for index in range(1, processes + 1):
+            for side in SIDES:
+                directory = out_dir / side / str(index)
+                say(f"profile: tracing {labels[side]}, process {index} of {processes}")
+                result = trace_one(trees[side], directory)
+                for message in result.messages:
+                    say(f"profile: {side} {index}: {message}")
+                if result.returncode != 0:
+                    return result.returncode, None
+                name_trace(directory, f"{side}-{index}")
+    found = compared({labels["ref"]: read_side(out_dir / "ref", "ref"),
+                      labels["new"]: read_side(out_dir / "new", "new")}, alpha)
+    found["labels"] = labels
+    found["again"] = f"rlperf diff {out_dir / 'ref'} {out_dir / 'new'}"
+    paths = write_diff(found, out_dir)
+    print_diff(console, found)
+    console.print(f"diff: {', '.join(map(str, paths))}; traces for ui.perfetto.dev in {out_dir}/ref/N and "
+                  f"{out_dir}/new/N; `{found['again']}` reads it again", markup=False, soft_wrap=True)
+    return 0, found
+
+
+def name_trace(directory: Path, name: str) -> Path:
+    """The process's trace renamed `trace-NAME.json.gz` (side and process in the file name, as a trace opened
+    beside others shows it), and its profile.json pointed at it."""
+    renamed = directory / f"trace-{name}.json.gz"
+    (directory / TRACE_NAME).rename(renamed)
+    profile_path = directory / PROFILE_NAME
+    profile = json.loads(profile_path.read_text())
+    profile["trace"] = profile["trace_summary"]["trace"] = str(renamed)
+    profile_path.write_text(json.dumps(profile, indent=1))
+    return renamed
