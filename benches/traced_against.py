@@ -9,6 +9,9 @@ Each process is a profile directory of its own, `OUT/ref/N` or `OUT/new/N`, its 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +21,9 @@ from benches.worktrees import resolve_commit, working_copy, worktree
 from profilers.profile_run import PROFILE_NAME, TRACE_NAME, ProfileResult
 from profilers.profile_sets import read_side
 from reports.trace_diff import compared, print_diff, write_diff
+from reference_trainer.config import TrainConfig, from_dict
 from rlperf.errors import BadInput
+from rlperf.processes import run_to_completion
 from rlperf.terminal import say_on
 
 SIDES = ("ref", "new")
@@ -27,15 +32,18 @@ TraceOne = Callable[[Path, Path], ProfileResult]
 
 
 def traced_against(ref: str, processes: int, out_dir: Path, trace_one: TraceOne, console: Console,
-                   alpha: float) -> tuple[int, dict | None]:
-    """Both sides traced and diffed; the exit code and the diff (None where a process failed: its message said
-    why)."""
+                   alpha: float, at: str | None = None) -> tuple[int, dict | None]:
+    """Both sides traced and diffed: REF against the working tree, or against commit `at`; the exit code and the
+    diff (None where a process failed: its message said why)."""
     if processes < 2:
         raise BadInput(f"processes: at least 2 a side, so that each side has a spread to judge by (got {processes})")
     say = say_on(console)
     commit = resolve_commit(ref)
-    labels = {"ref": f"{ref} ({commit[:10]})", "new": "working tree"}
-    with worktree(commit, say) as ref_tree, working_copy(say) as new_tree:
+    new_commit = resolve_commit(at, "at") if at is not None else None
+    labels = {"ref": f"{ref} ({commit[:10]})",
+              "new": f"{at} ({new_commit[:10]})" if new_commit else "working tree"}
+    new_checkout = worktree(new_commit) if new_commit else working_copy(say)
+    with worktree(commit, say) as ref_tree, new_checkout as new_tree:
         trees = {"ref": ref_tree, "new": new_tree}
         for index in range(1, processes + 1):
             for side in SIDES:
@@ -68,3 +76,31 @@ def name_trace(directory: Path, name: str) -> Path:
     profile["trace"] = profile["trace_summary"]["trace"] = str(renamed)
     profile_path.write_text(json.dumps(profile, indent=1))
     return renamed
+
+
+def against_command(config: dict, ref: str, at: str | None, out: str) -> list[str]:
+    """The `rlperf profile --against` command that diffs a point (a suite point's config: the reference trainer's,
+    or a command's) at commit `at` (None: the working tree) against `ref`."""
+    sides = ["--against", ref, *(["--at", at] if at else []), "--out", out]
+    if "command" in config:
+        return ["rlperf", "profile", "--device", str(config.get("device", "cpu")), "--warmup-epochs",
+                str(config.get("warmup_epochs", 1)), *sides, "--", *config["command"]]
+    fields = set(TrainConfig().to_dict())
+    cfg = from_dict({name: value for name, value in config.items() if name in fields})
+    return ["rlperf", "profile", *cfg.to_args(leave_out=("trace_dir", "trace_epochs")), *sides]
+
+
+def follow_up(say, config: dict, ref: str, at: str | None, out: str, run: bool, deadline: float | None) -> None:
+    """The last lines of a command that named a commit and a phase: the diff that says which operator, and with
+    `run` that diff made now, unless the budget (a time.monotonic() deadline) is spent."""
+    command = against_command(config, ref, at, out)
+    say(f"which operator: {shlex.join(command)}")
+    if not run:
+        return
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        say("diff: skipped: the budget is spent (run the command above)")
+        return
+    code = run_to_completion([sys.executable, "-m", "rlperf", *command[1:]], timeout_s=left)
+    if code == 124:
+        say("diff: ended: it ran past the budget (run the command above)")

@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="trace the working tree and commit REF in one job, each from a checkout beside it, "
                              "--processes a side in turn, and write their diff into DIR (default: the working tree "
                              "alone)")
+    parser.add_argument("--at", metavar="COMMIT", default=None,
+                        help="with --against: trace commit COMMIT, checked out beside the working tree, in place of "
+                             "the working tree")
     parser.add_argument("--processes", type=positive_int, default=2, metavar="N",
                         help="with --against: traced processes a side, at least 2 (default 2): a change is claimed "
                              "only beyond the spread of each side's own")
@@ -128,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
     command = command_of(args, {**defaults, "inject_delay": []})
     if args.against is not None:
         return run_against(args, command)
-    if args.processes != 2:
-        raise BadInput("processes: belongs to --against REF (the processes traced a side)")
+    if args.processes != 2 or args.at is not None:
+        raise BadInput(f"{'at' if args.at is not None else 'processes'}: belongs to --against REF")
     created = not Path(args.out).exists()
     if command:
         result = profile_attached(args, command)
@@ -183,7 +186,7 @@ def run_against(args: argparse.Namespace, command: list[str]) -> int:
         def trace_one(tree: Path, directory: Path):
             return profile_run(cfg, directory, sample_hz=args.sample_hz, pyspy_rate=pyspy_rate, cwd=tree)
     code, found = traced_against(args.against, args.processes, Path(args.out), trace_one, default_console(),
-                                 args.alpha)
+                                 args.alpha, args.at)
     if found is not None and args.json:
         with written_whole(args.json) as partial:
             partial.write_text(json.dumps(found, indent=1))

@@ -7,6 +7,7 @@ Every figure is per agent step (time in ns, counts, bytes), one value a process:
 
 from __future__ import annotations
 
+import json
 import math
 from statistics import fmean
 
@@ -41,7 +42,7 @@ def refusal(sides: dict[str, list[TracedProcess]]) -> str | None:
     a, b = dict(_work_settings(ref[0])), dict(_work_settings(new[0]))
     differing = [key for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     if differing:
-        shown = "; ".join(f"{key} {a.get(key)!r} against {b.get(key)!r}" for key in differing[:4])
+        shown = "; ".join(f"{key} {a.get(key, 'unset')} against {b.get(key, 'unset')}" for key in differing[:4])
         return f"settings: {shown} ({first} against {second}): other settings do other work a step"
     return None
 
@@ -58,7 +59,8 @@ def _work_settings(process: TracedProcess) -> tuple:
     defaults = TrainConfig().to_dict()
     left_out = set(RUN_LENGTH) | set(fields_with(OBSERVER)) | set(fields_with(MACHINE))
     resolved = {**defaults, **process.settings}
-    return tuple(sorted((key, repr(value)) for key, value in resolved.items() if key not in left_out))
+    return tuple(sorted((key, json.dumps(value, sort_keys=True)) for key, value in resolved.items()
+                        if key not in left_out))
 
 
 def judged(ref: list[float], new: list[float], alpha: float, floor: float) -> dict:
