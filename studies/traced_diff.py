@@ -60,7 +60,7 @@ def study(sides: dict[str, list[TracedProcess]], draws: int, per_side: int, phas
             "planted_other_operators_claimed_per_found_draw": extra_operators / found if found else None}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m studies.traced_diff", description=__doc__.splitlines()[0])
     parser.add_argument("--traces", required=True, metavar="DIR", help="rlperf profile --against's --out")
     parser.add_argument("--draws", type=positive_int, default=2000, metavar="N", help="diffs of each kind (default 2000)")
@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"the diff's alpha (default {DEFAULT_ALPHA})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the result as JSON here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     sides = {side: read_side(Path(args.traces) / side, side) for side in ("ref", "new")}
     result = study(sides, args.draws, args.per_side, args.phase, args.operator, args.alpha, args.seed)
     text = json.dumps(result, indent=1)
