@@ -16,10 +16,10 @@ import re
 import sys
 from pathlib import Path
 
+from decisions.trace_diff import DEFAULT_ALPHA
 from profilers.profile_run import DEFAULT_SAMPLE_HZ, TRACE_NAME
 from reference_trainer.config import TrainConfig
 from reference_trainer.flags import add_train_flags, config_from_args
-from decisions.trace_diff import DEFAULT_ALPHA
 from rlperf.arguments import MAX_SAMPLE_HZ, add_alpha, number_in, positive_int
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 
@@ -162,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
     return result.returncode
 
 
-
 def run_against(args: argparse.Namespace, command: list[str]) -> int:
     """`--against REF`: both sides traced in turn, each process a profile of its own, then their diff."""
+    from rich.console import Console
+
     from benches.traced_against import traced_against
     from profilers.profile_run import profile_command, profile_run
     from rlperf.terminal import default_console
@@ -185,8 +186,8 @@ def run_against(args: argparse.Namespace, command: list[str]) -> int:
 
         def trace_one(tree: Path, directory: Path):
             return profile_run(cfg, directory, sample_hz=args.sample_hz, pyspy_rate=pyspy_rate, cwd=tree)
-    code, found = traced_against(args.against, args.processes, Path(args.out), trace_one, default_console(),
-                                 args.alpha, args.at)
+    code, found = traced_against(args.against, args.processes, Path(args.out), trace_one,
+                                 Console(quiet=True) if args.quiet else default_console(), args.alpha, args.at)
     if found is not None and args.json:
         with written_whole(args.json) as partial:
             partial.write_text(json.dumps(found, indent=1))

@@ -120,10 +120,11 @@ def diff(ref: list[TracedProcess], new: list[TracedProcess], alpha: float = DEFA
         changed.append({"phase": phase, "verdict": direction,
                         "operators": _inside(ref, new, phase, "operators", alpha, host["ref"], direction),
                         "kernels": _inside(ref, new, phase, "kernels", alpha, (device or host)["ref"], direction)})
+    counts, memory = _counts(ref, new, alpha), _memory(ref, new, alpha)
     return {"schema": 1, "unit": "per agent step (time in ns)", "alpha": alpha, "phase_alpha": family_alpha,
             "min_share": MIN_SHARE, "processes": {"ref": [p.name for p in ref], "new": [p.name for p in new]},
             "kind": {"ref": ref[0].kind, "new": new[0].kind}, "phases": phases, "changed": changed,
-            "counts": _counts(ref, new, alpha), "memory": _memory(ref, new, alpha), "claims": claims(phases, changed)}
+            "counts": counts, "memory": memory, "claims": claims(phases, changed, [*counts, *(memory or [])])}
 
 
 def _inside(ref: list[TracedProcess], new: list[TracedProcess], phase: str, table: str, alpha: float,
@@ -173,8 +174,9 @@ def _memory(ref: list[TracedProcess], new: list[TracedProcess], alpha: float) ->
     return rows
 
 
-def claims(phases: list[dict], changed: list[dict]) -> list[str]:
-    """The diff's claims in words: each phase that changed, and the operators and kernels that changed inside."""
+def claims(phases: list[dict], changed: list[dict], figures: list[dict]) -> list[str]:
+    """The diff's claims in words: each phase that changed, the operators and kernels that changed inside, and the
+    counts and memory figures that changed."""
     lines = []
     for row in phases:
         if row["verdict"] in ("grown", "shrunk"):
@@ -184,12 +186,6 @@ def claims(phases: list[dict], changed: list[dict]) -> list[str]:
             named = [row["name"] for row in phase[table] if row["verdict"] == phase["verdict"]]
             if named:
                 lines.append(f"inside {phase['phase']}, {table} {phase['verdict']}: {', '.join(named[:5])}")
-    return lines
+    return lines + [f"{row['name']} {row['verdict']} {row['change']:+,.6g}" for row in figures
+                    if row["verdict"] in ("grown", "shrunk")]
 
-
-def first_operator(diff_result: dict, phase: str) -> str | None:
-    """The operator that changed most in `phase` (in its direction), where the diff claims the phase changed."""
-    for entry in diff_result["changed"]:
-        if entry["phase"] == phase and entry["operators"]:
-            return entry["operators"][0]["name"]
-    return None

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from command.cli import main
-from decisions.trace_diff import diff, first_operator, judged, refusal
-from profilers.profile_sets import TracedProcess, read_side
+from decisions.trace_diff import diff, judged, refusal
+from profilers.profile_sets import TracedProcess
 from profilers.trace_phases import phase_breakdown
 
 HOST, DEVICE, STREAM = 4242, 0, 7
