@@ -11,6 +11,7 @@ import pytest
 from command.cli import main
 from decisions.trace_diff import diff, judged, refusal
 from profilers.profile_sets import TracedProcess
+from profilers import trace_events
 from profilers.trace_phases import phase_breakdown
 
 HOST, DEVICE, STREAM = 4242, 0, 7
@@ -47,8 +48,9 @@ def cuda_trace(gemm_us: float = 30.0, extra_kernel_us: float = 0.0) -> dict:
     return {"traceEvents": events}
 
 
-def test_a_cuda_traces_kernels_launches_syncs_and_copies_land_in_their_phases():
-    phases = phase_breakdown(cuda_trace(), ("env", "learn"), device_ranges=True)
+def test_a_cuda_traces_kernels_launches_syncs_and_copies_land_in_their_phases(tmp_path):
+    (tmp_path / "trace.json").write_text(json.dumps(cuda_trace()))  # a Chrome trace file, as Kineto writes one
+    phases = phase_breakdown(trace_events.load(tmp_path / "trace.json"), ("env", "learn"), device_ranges=True)
     learn, env = phases["learn"], phases["env"]
     assert learn["host_us"] == 130.0 and learn["device_us"] == 30.0
     assert learn["kernels"] == {"ampere_sgemm_64x64": [30.0, 1]}
@@ -172,3 +174,20 @@ def test_diff_refuses_other_settings_in_one_line(against, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["diff", str(out / "ref"), str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.startswith("rlperf diff: error: b: ")
+
+
+def test_the_chains_last_line_is_a_command_that_parses_and_a_spent_budget_skips_it():
+    from benches.traced_against import against_command, follow_up
+    from command.cli import build_parser
+
+    point = {"env": "synthetic", "num_envs": 32, "total_steps": 8192, "trace_epochs": 1, "device": "cpu"}
+    command = against_command(point, "abc1234~1", "abc1234", "runs/traced-diff")
+    assert command[:2] == ["rlperf", "profile"] and command[-6:] == ["--against", "abc1234~1", "--at", "abc1234",
+                                                                      "--out", "runs/traced-diff"]
+    parsed = build_parser(["profile"]).parse_args(command[1:])
+    assert (parsed.env, parsed.num_envs, parsed.total_steps, parsed.against) == ("synthetic", 32, 8192, "abc1234~1")
+    other = against_command({"command": ["python", "train.py"], "device": "cpu", "warmup_epochs": 2}, "HEAD", None, "d")
+    assert build_parser(["profile"]).parse_args(other[1:]).argv == ["--", "python", "train.py"]
+    lines = []
+    follow_up(lines.append, point, "HEAD~1", None, "runs/d", run=True, deadline=0.0)  # the night already spent
+    assert lines[0].startswith("which operator: rlperf profile --env synthetic") and lines[1].startswith("diff: skipped")
