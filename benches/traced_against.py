@@ -9,6 +9,7 @@ Each process is a profile directory of its own, `OUT/ref/N` or `OUT/new/N`, its 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -35,11 +36,8 @@ def traced_against(ref: str, processes: int, out_dir: Path, trace_one: TraceOne,
                    alpha: float, at: str | None = None) -> tuple[int, dict | None]:
     """Both sides traced and diffed: REF against the working tree, or against commit `at`; the exit code and the
     diff (None where a process failed: its message said why)."""
-    if processes < 2:
-        raise BadInput(f"processes: at least 2 a side, so that each side has a spread to judge by (got {processes})")
     say = say_on(console)
-    commit = resolve_commit(ref)
-    new_commit = resolve_commit(at, "at") if at is not None else None
+    commit, new_commit = checked_sides(ref, at, processes)
     labels = {"ref": f"{ref} ({commit[:10]})",
               "new": f"{at} ({new_commit[:10]})" if new_commit else "working tree"}
     new_checkout = worktree(new_commit) if new_commit else working_copy(say)
@@ -66,6 +64,14 @@ def traced_against(ref: str, processes: int, out_dir: Path, trace_one: TraceOne,
     return 0, found
 
 
+def checked_sides(ref: str, at: str | None, processes: int) -> tuple[str, str | None]:
+    """The commits of both sides (None for the working tree); bad input, before anything is made, where a ref names
+    no commit or a side would have no spread."""
+    if processes < 2:
+        raise BadInput(f"processes: at least 2 a side, so that each side has a spread to judge by (got {processes})")
+    return resolve_commit(ref), resolve_commit(at, "at") if at is not None else None
+
+
 def name_trace(directory: Path, name: str) -> Path:
     """The process's trace renamed `trace-NAME.json.gz` (side and process in the file name, as a trace opened
     beside others shows it), and its profile.json pointed at it."""
@@ -90,11 +96,18 @@ def against_command(config: dict, ref: str, at: str | None, out: str) -> list[st
     return ["rlperf", "profile", *cfg.to_args(leave_out=("trace_dir", "trace_epochs")), *sides]
 
 
+def shell_line(words: list[str]) -> str:
+    """`words` as a shell line to paste: quoted only where a shell would read a word otherwise (a ref such as
+    HEAD~1 stays as written: a tilde inside a word is not expanded)."""
+    return " ".join(word if re.fullmatch(r"[\w@%+=:,./^-][\w@%+=:,./~^-]*", word) else shlex.quote(word)
+                    for word in words)
+
+
 def follow_up(say, config: dict, ref: str, at: str | None, out: str, run: bool, deadline: float | None) -> None:
     """The last lines of a command that named a commit and a phase: the diff that says which operator, and with
     `run` that diff made now, unless the budget (a time.monotonic() deadline) is spent."""
     command = against_command(config, ref, at, out)
-    say(f"which operator: {shlex.join(command)}")
+    say(f"which operator: {shell_line(command)}")
     if not run:
         return
     left = None if deadline is None else deadline - time.monotonic()

@@ -166,10 +166,11 @@ def run_against(args: argparse.Namespace, command: list[str]) -> int:
     """`--against REF`: both sides traced in turn, each process a profile of its own, then their diff."""
     from rich.console import Console
 
-    from benches.traced_against import traced_against
+    from benches.traced_against import checked_sides, traced_against
     from profilers.profile_run import profile_command, profile_run
     from rlperf.terminal import default_console
 
+    checked_sides(args.against, args.at, args.processes)  # before --out is made
     pyspy_rate = args.pyspy_rate if args.pyspy else None
     if command:
         profile_attached_checks(args)

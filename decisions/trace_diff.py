@@ -114,12 +114,12 @@ def diff(ref: list[TracedProcess], new: list[TracedProcess], alpha: float = DEFA
               for row in rows]
     changed = []
     for phase in dict.fromkeys(row["phase"] for row in phases if row["verdict"] in ("grown", "shrunk")):
-        host = next(row for row in phases if row["phase"] == phase and row["measure"] == "host")
-        device = next((row for row in phases if row["phase"] == phase and row["measure"] == "device"), None)
-        direction = next(row["verdict"] for row in phases if row["phase"] == phase and row["verdict"] != "unchanged")
+        own = {row["measure"]: row for row in phases if row["phase"] == phase}
+        host, device = own.get("host") or own["device"], own.get("device") or own["host"]
+        direction = next(row["verdict"] for row in own.values() if row["verdict"] in ("grown", "shrunk"))
         changed.append({"phase": phase, "verdict": direction,
                         "operators": _inside(ref, new, phase, "operators", alpha, host["ref"], direction),
-                        "kernels": _inside(ref, new, phase, "kernels", alpha, (device or host)["ref"], direction)})
+                        "kernels": _inside(ref, new, phase, "kernels", alpha, device["ref"], direction)})
     counts, memory = _counts(ref, new, alpha), _memory(ref, new, alpha)
     return {"schema": 1, "unit": "per agent step (time in ns)", "alpha": alpha, "phase_alpha": family_alpha,
             "min_share": MIN_SHARE, "processes": {"ref": [p.name for p in ref], "new": [p.name for p in new]},
