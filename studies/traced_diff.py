@@ -16,6 +16,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 from scipy import stats
@@ -39,7 +40,8 @@ def planted_found(found: dict, phase: str, operator: str) -> bool:
 def study(sides: dict[str, list[TracedProcess]], draws: int, per_side: int, phase: str, operator: str,
           alpha: float, seed: int) -> dict:
     chance = random.Random(seed)
-    quiet, found, false_claims, extra_operators = 0, 0, [], 0
+    quiet, found, claimed_phase, led, false_claims = 0, 0, 0, 0, []
+    others: Counter[str] = Counter()
     for draw in range(draws):
         pool = sides["ref" if draw % 2 == 0 else "new"]
         chosen = chance.sample(pool, 2 * per_side)
@@ -47,17 +49,19 @@ def study(sides: dict[str, list[TracedProcess]], draws: int, per_side: int, phas
         quiet += not claims
         false_claims += claims[:1]
         planted = diff(chance.sample(sides["ref"], per_side), chance.sample(sides["new"], per_side), alpha)
-        hit = planted_found(planted, phase, operator)
-        found += hit
-        if hit:
-            inside = next(entry["operators"] for entry in planted["changed"] if entry["phase"] == phase)
-            extra_operators += sum(row["verdict"] == "grown" for row in inside[1:])
-    claimed = sorted({line.split(" ")[0] for line in false_claims})
+        found += planted_found(planted, phase, operator)
+        inside = next((entry["operators"] for entry in planted["changed"]
+                       if entry["phase"] == phase and entry["verdict"] == "grown"), None)
+        if inside:
+            claimed_phase += 1
+            led += inside[0]["name"] == operator
+            others.update(row["name"] for row in inside[1:] if row["verdict"] == "grown")
     return {"draws": draws, "per_side": per_side, "alpha": alpha, "seed": seed,
             "processes": {side: len(found_side) for side, found_side in sides.items()},
             "aa_claim_nothing": rate(quiet, draws), "planted_found": rate(found, draws),
-            "aa_phases_falsely_claimed": claimed,
-            "planted_other_operators_claimed_per_found_draw": extra_operators / found if found else None}
+            "aa_phases_falsely_claimed": sorted({line.split(" ")[0] for line in false_claims}),
+            "planted_phase_claimed": claimed_phase, "planted_operator_led_it": led,
+            "other_operators_claimed_grown": dict(others.most_common())}
 
 
 def build_parser() -> argparse.ArgumentParser:
