@@ -21,8 +21,8 @@ from rich.console import Console
 from benches.worktrees import resolve_commit, working_copy, worktree
 from profilers.profile_run import PROFILE_NAME, TRACE_NAME, ProfileResult
 from profilers.profile_sets import read_side
-from reports.trace_diff import compared, print_diff, write_diff
 from reference_trainer.config import TrainConfig, from_dict
+from reports.trace_diff import compared, print_diff, write_diff
 from rlperf.errors import BadInput
 from rlperf.processes import run_to_completion
 from rlperf.terminal import say_on
