@@ -20,6 +20,7 @@ from benches import suite as suites
 from benches.pairing import Pairing
 from benches.options import ProcessOptions
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
+from benches.traced_against import follow_up
 from benches.worktrees import git, resolve_commit, worktree
 from decisions.criteria import DEFAULT_THRESHOLD
 from decisions.sequential import Design, pairing_entry
@@ -247,6 +248,7 @@ class Bisect:
     def run(self) -> int:
         opts = self.options
         suite, point, good, bad, commits = self.check()
+        self.point = point
         output_dir(opts.out_dir, "out")
         store_path = opts.out_dir / STORE_FILE
         # from the probe on, under the machine's lock: the probe is work on the machine too
@@ -324,7 +326,10 @@ class Bisect:
         step = next(s for s in self.steps if s.commit == first.sha)
         self.record["first_bad"] = {"commit": first.sha, "subject": first.subject, "estimate": step.estimate,
                                     "interval": step.interval, "step": step.step}
-        return self.conclude("found", 0, f"first bad commit: {first} {change_text(step)}")
+        code = self.conclude("found", 0, f"first bad commit: {first} {change_text(step)}")
+        follow_up(self.say, self.point.config, f"{first.short}~1", first.short,
+                  str(self.options.out_dir / f"traced-diff-{first.short}"), self.options.diff, None)
+        return code
 
     def conclude(self, status: str, code: int, line: str) -> int:
         self.record["status"], self.record["conclusion"] = status, line

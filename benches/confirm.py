@@ -14,6 +14,7 @@ from benches.pairing import Pairing
 from benches.options import ProcessOptions
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
+from benches.traced_against import follow_up
 from benches.worktrees import resolve_commit, worktree
 from decisions import changepoints
 from reports.history import FINISHED, measures_its_moment
@@ -49,6 +50,7 @@ class Confirm:
         self.store_path = store_path
         self.console = console
         self.say = say_on(self.console)
+        self.confirmed: list[tuple[dict, dict]] = []  # (point config, commits) of each change confirmed with a phase
 
     def run(self) -> int:
         opts, store_path = self.options, self.store_path
@@ -65,6 +67,9 @@ class Confirm:
                 outcomes.append(self.confirm(store_path, machine, change, runs))
         for line in outcomes:
             self.say(line)
+        for config, commits in self.confirmed:  # the traced diff that says which operator: the last lines
+            follow_up(self.say, config, commits["ref"][:10], commits["new"][:10],
+                      str(opts.out_dir / f"traced-diff-{commits['new'][:10]}"), opts.diff, None)
         return 0 if all(line.split(": ", 2)[1].startswith("confirmed") for line in outcomes) else 1
 
     def confirm(self, store_path: Path, machine, change: changepoints.ChangePoint, runs: list) -> str:
@@ -121,4 +126,7 @@ class Confirm:
             for side, run_id in created.items():
                 store.record_point(run_id, records[side])
                 store.finish_run(run_id, "complete")
-        return f"{name}: {changepoints.confirmation_text(change, verdict)}"
+        text = changepoints.confirmation_text(change, verdict)
+        if text.startswith("confirmed") and verdict.phases_grew:
+            self.confirmed.append((config, commits))
+        return f"{name}: {text}"

@@ -18,6 +18,7 @@ from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
+from benches.traced_against import follow_up
 from benches.worktrees import resolve_commit, worktree
 from decisions import screening as rules
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
@@ -47,6 +48,7 @@ class Gate:
         self.say = say_on(self.console)
         self.machine = machine
         self.runs: dict[tuple[str, str], str] = {}  # (stage, side) -> run id
+        self.started = time.monotonic()  # the night's budget, a traced diff's included, counts from here
 
     def run(self) -> int:
         opts = self.options
@@ -138,7 +140,18 @@ class Gate:
                 "conclusion": rules.conclusion(found), "points": [rules.summary_row(v) for v in found],
                 "memory": memory})
         self.say(rules.conclusion(found))
+        self.which_operator(found, candidate)
         return code
+
+    def which_operator(self, found: list[rules.GateVerdict], candidate) -> None:
+        """Each regressed point with a phase named: the traced diff that says which operator, run with --diff
+        within what is left of the night."""
+        configs = candidate.points.set_index("point_key")["config"]
+        named = [v for v in found if v.status == rules.REGRESSED and v.confirmation.phases_grew]
+        for index, verdict in enumerate(named, 1):
+            follow_up(self.say, configs[verdict.screen.point_key], self.baseline, None,
+                      str(self.options.out_dir / f"traced-diff-{index}"), self.options.diff,
+                      self.started + self.night_s)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class ProcessOptions:
     wait: bool = True  # for another measurement on this machine; False refuses instead
     launch: str = LAUNCHES[0]  # how a trainer process starts (benches/runner.py Launcher)
     fail_on_inconclusive: bool = False
+    diff: bool = False  # run the traced diff of a commit and phase named, as the last lines give it
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ProcessOptions":

@@ -9,7 +9,7 @@ from pathlib import Path
 from benches.bisect import Bisect
 from benches.options import ProcessOptions
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_process_options, add_threshold
+from rlperf.arguments import add_alpha, add_budget, add_diff, add_max_repeats, add_process_options, add_threshold
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.processes import stop_signals_interrupt
 
@@ -28,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_process_options(parser, "the point")
     add_max_repeats(parser, "at most N pairs of processes per commit; a commit still undecided then is skipped")
     add_budget(parser, "seconds each commit's measurement may take before it is skipped")
+    add_diff(parser)
     add_threshold(parser, "smallest relative change of SPS that counts", None,
                   default_text=f"{DEFAULT_THRESHOLD} for BAD, then halfway, as a ratio, from GOOD to BAD's slowdown")
     add_alpha(parser, "one minus the confidence of each commit's verdict", DEFAULT_ALPHA)

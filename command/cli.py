@@ -28,6 +28,8 @@ SUBCOMMANDS = {
     "runs": ("command.runs", "list a store's runs, or print the newest run id of a suite"),
     "attach": ("command.attach", "time an unedited training command by phase: env, acting, training, learn, other"),
     "profile": ("command.profile", "run the trainer under torch.profiler, NVML sampling and py-spy"),
+    "diff": ("command.diff", "the traced diff of two profile directories: phases, then operators and kernels, "
+                             "beyond each side's process spread"),
     "probe": ("command.probe", "measure this machine's peaks: matrix products, memory and copy bandwidth, one op's cost"),
     "doctor": ("command.doctor", "is this GPU machine ready to be a benchmark runner? its GPU tests, smoke, a trace "
                                  "and a small night"),

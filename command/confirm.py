@@ -13,7 +13,8 @@ from pathlib import Path
 from benches.confirm import Confirm
 from benches.options import ProcessOptions
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import add_alpha, add_budget, add_max_repeats, add_no_wait, add_threshold, add_timeout
+from rlperf.arguments import (add_alpha, add_budget, add_diff, add_max_repeats, add_no_wait, add_threshold,
+                              add_timeout)
 from rlperf.errors import BadInput
 from rlperf.processes import stop_signals_interrupt
 
@@ -25,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs", metavar="DIR", help="where the processes' logs go (default runs/)")
     add_max_repeats(parser, "at most N pairs per change point")
     add_budget(parser, "seconds each change point's pairs may take")
+    add_diff(parser)
     add_timeout(parser, TIMEOUT_S)
     add_threshold(parser, "smallest relative change of SPS that counts", DEFAULT_THRESHOLD)
     add_alpha(parser, "the change points' level, and each confirmation's", DEFAULT_ALPHA)

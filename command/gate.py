@@ -14,8 +14,8 @@ from benches.gate import Gate
 from benches.night import LEAD_SHARE, MAX_SUSPECTS, NIGHT_S, REFINE_PAIRS, REFINE_POINTS, SCREEN_PAIRS
 from benches.options import ProcessOptions
 from decisions.criteria import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_label, add_max_repeats, add_process_options, add_threshold,
-                              non_negative_int, positive_int, timeout_seconds)
+from rlperf.arguments import (MAX_TIMEOUT_S, add_alpha, add_diff, add_label, add_max_repeats, add_process_options,
+                              add_threshold, non_negative_int, positive_int, timeout_seconds)
 from rlperf.layout import DEFAULT_OUT, STORE_FILE
 from rlperf.processes import stop_signals_interrupt
 
@@ -51,6 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "by this", DEFAULT_THRESHOLD)
     add_alpha(parser, "the chance of flagging any point on a night where nothing got slower", DEFAULT_ALPHA)
     add_label(parser, "gate")
+    add_diff(parser)
     parser.add_argument("--summary", type=Path, metavar="PATH",
                         help="also write the outcome as JSON: the runs, each point's verdict, the conclusion and the "
                              "exit code (default: none)")

@@ -16,10 +16,11 @@ import re
 import sys
 from pathlib import Path
 
+from decisions.trace_diff import DEFAULT_ALPHA
 from profilers.profile_run import DEFAULT_SAMPLE_HZ, TRACE_NAME
 from reference_trainer.config import TrainConfig
 from reference_trainer.flags import add_train_flags, config_from_args
-from rlperf.arguments import MAX_SAMPLE_HZ, number_in, positive_int
+from rlperf.arguments import MAX_SAMPLE_HZ, add_alpha, number_in, positive_int
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 
 
@@ -41,6 +42,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: attached)")
     parser.add_argument("--timeout", type=number_in(0, 86_400, low_included=False), default=None, metavar="S",
                         help="with a command: end it after this many seconds (default: none)")
+    parser.add_argument("--against", metavar="REF", default=None,
+                        help="trace the working tree and commit REF in one job, each from a checkout beside it, "
+                             "--processes a side in turn, and write their diff into DIR (default: the working tree "
+                             "alone)")
+    parser.add_argument("--at", metavar="COMMIT", default=None,
+                        help="with --against: trace commit COMMIT, checked out beside the working tree, in place of "
+                             "the working tree")
+    parser.add_argument("--processes", type=positive_int, default=2, metavar="N",
+                        help="with --against: traced processes a side, at least 2 (default 2): a change is claimed "
+                             "only beyond the spread of each side's own")
+    add_alpha(parser, "with --against: the chance that a diff claims some phase changed when none did", DEFAULT_ALPHA)
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="another trainer's command to profile (default: the reference trainer, from the "
                              "options above)")
@@ -53,13 +65,7 @@ def profile_attached(args: argparse.Namespace, command: list[str]):
     """The command's profile: its first --trace-epochs steady epochs after --warmup-epochs, traced."""
     from profilers.profile_run import profile_command
 
-    if args.warmup_epochs < 0:
-        raise BadInput("warmup-epochs: must be 0 or more")
-    if args.trace_epochs < 1:
-        raise BadInput("trace-epochs: must be 1 or more")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        raise BadInput(f"device: must be cpu, cuda or cuda:N (got {args.device!r})")
-    _checked_out(args)
+    profile_attached_checks(args)
     if not args.quiet:
         sys.stderr.write(f"rlperf profile: tracing {args.trace_epochs} steady epoch(s) of the command after "
                          f"{args.warmup_epochs} warm-up epoch(s)...\n")
@@ -68,6 +74,17 @@ def profile_attached(args: argparse.Namespace, command: list[str]):
     return profile_command(config, Path(args.out), sample_hz=args.sample_hz,
                            pyspy_rate=args.pyspy_rate if args.pyspy else None, trace_epochs=args.trace_epochs,
                            timeout_s=args.timeout)
+
+
+def profile_attached_checks(args: argparse.Namespace) -> None:
+    """A command's warm-up, traced epochs, device and --out, checked before anything runs."""
+    if args.warmup_epochs < 0:
+        raise BadInput("warmup-epochs: must be 0 or more")
+    if args.trace_epochs < 1:
+        raise BadInput("trace-epochs: must be 1 or more")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise BadInput(f"device: must be cpu, cuda or cuda:N (got {args.device!r})")
+    _checked_out(args)
 
 
 def _checked_config(args: argparse.Namespace) -> TrainConfig:
@@ -112,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
 
     defaults = {field.name: getattr(TrainConfig(), field.name) for field in dataclasses.fields(TrainConfig)}
     command = command_of(args, {**defaults, "inject_delay": []})
+    if args.against is not None:
+        return run_against(args, command)
+    if args.processes != 2 or args.at is not None:
+        raise BadInput(f"{'at' if args.at is not None else 'processes'}: belongs to --against REF")
     created = not Path(args.out).exists()
     if command:
         result = profile_attached(args, command)
@@ -140,3 +161,35 @@ def run(args: argparse.Namespace) -> int:
         print_profile(result.profile)
     return result.returncode
 
+
+def run_against(args: argparse.Namespace, command: list[str]) -> int:
+    """`--against REF`: both sides traced in turn, each process a profile of its own, then their diff."""
+    from rich.console import Console
+
+    from benches.traced_against import checked_sides, traced_against
+    from profilers.profile_run import profile_command, profile_run
+    from rlperf.terminal import default_console
+
+    checked_sides(args.against, args.at, args.processes)  # before --out is made
+    pyspy_rate = args.pyspy_rate if args.pyspy else None
+    if command:
+        profile_attached_checks(args)
+        config = {"command": command, "attach": not args.no_attach, "warmup_epochs": args.warmup_epochs,
+                  "device": args.device}
+
+        def trace_one(tree: Path, directory: Path):
+            directory.mkdir(parents=True, exist_ok=True)
+            return profile_command(config, directory, sample_hz=args.sample_hz, pyspy_rate=pyspy_rate,
+                                   trace_epochs=args.trace_epochs, timeout_s=args.timeout, cwd=tree,
+                                   log=directory / "command.log")
+    else:
+        cfg = _checked_config(args)
+
+        def trace_one(tree: Path, directory: Path):
+            return profile_run(cfg, directory, sample_hz=args.sample_hz, pyspy_rate=pyspy_rate, cwd=tree)
+    code, found = traced_against(args.against, args.processes, Path(args.out), trace_one,
+                                 Console(quiet=True) if args.quiet else default_console(), args.alpha, args.at)
+    if found is not None and args.json:
+        with written_whole(args.json) as partial:
+            partial.write_text(json.dumps(found, indent=1))
+    return code

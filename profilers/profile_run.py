@@ -43,12 +43,14 @@ class ProfileResult:
 
 
 def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMPLE_HZ,
-                pyspy_rate: int | None = None, gpu_uuids: list[str] | None = None) -> ProfileResult:
+                pyspy_rate: int | None = None, gpu_uuids: list[str] | None = None,
+                cwd: Path | None = None) -> ProfileResult:
     """Runs the trainer with `trace_dir=out_dir`; writes profile.json, utilization.csv and the merged trace
     there. A failed trainer gives its exit code and no profile. The trainer runs with --quiet, so its own
     (profiled, hence distorted) SPS is never shown. `gpu_uuids`: the NVML UUIDs of the run's GPUs, asked of
-    the machine when not given; only those are sampled, never a neighbour's GPU."""
-    out_dir = Path(out_dir)
+    the machine when not given; only those are sampled, never a neighbour's GPU. `cwd`: the checkout whose
+    trainer runs (default: this process's)."""
+    out_dir = Path(out_dir).absolute()
     summary_path = out_dir / RUN_SUMMARY_NAME
     train = [sys.executable, "-m", "rlperf", "train", *cfg.to_args(leave_out=("trace_dir",)), "--trace-dir", str(out_dir),
              "--json", str(summary_path), "--quiet"]
@@ -64,12 +66,12 @@ def profile_run(cfg: TrainConfig, out_dir: Path, sample_hz: float = DEFAULT_SAMP
     if gpu_uuids is None:
         gpu_uuids = run_gpu_uuids(cfg)
     sampler = UtilizationSampler(1.0 / sample_hz, gpu_uuids)
-    returncode, rows = _sampled(sampler, command or train)
+    returncode, rows = _sampled(sampler, command or train, cwd=cwd)
     if command is not None and not summary_path.exists() and not (out_dir / pyspy.SPEEDSCOPE_NAME).exists():
         pyspy_info = {"unavailable": "py-spy could not run the trainer (its message is above); ran it without py-spy"}
         messages.append(pyspy_info["unavailable"])
         sampler = UtilizationSampler(1.0 / sample_hz, gpu_uuids)
-        returncode, rows = _sampled(sampler, train)
+        returncode, rows = _sampled(sampler, train, cwd=cwd)
     if returncode == BAD_INPUT:  # the trainer has said why in one line; saying it failed adds nothing
         return ProfileResult(returncode, rows=rows, messages=messages)
     if returncode != 0 or not summary_path.exists():

@@ -7,7 +7,6 @@ CPU traces too (docs/profiling.md#trace-summary).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import traceback
@@ -16,26 +15,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from profilers import trace_events
+from profilers.trace_phases import (HOST_API_CATEGORIES, LAUNCH_CALLS, SYNC_CALLS, PhaseLocator,
+                                     operator_self_times, phase_breakdown)
 from reference_trainer.config import GRAPH_PHASES, PHASES, from_dict
 from rlperf.summary import OTHER, PHASES as COMMAND_PHASES
 
 TOP_N = 10
-# Host API calls that put work on the device; a CUDA graph replay counts once, like any launch, its prologue's
-# fills apart.
-LAUNCH_CALLS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel",
-    "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch",
-})
-# Host API calls that block the host until the device catches up. cudaMemcpy without Async always
-# waits for the copy; `.item()` and `.cpu()` show up as cudaMemcpyAsync followed by cudaStreamSynchronize.
-SYNC_CALLS = frozenset({
-    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
-    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-})
 GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 # A graph replay's prologue fills the generator's int64 seed and offset (CUDAGeneratorState::replay_prologue).
 PROLOGUE_FILL_KERNEL = "FillFunctor<long>"
-HOST_API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 HTA_NS_ROUNDING_OFF = "HTA_DISABLE_NS_ROUNDING"
 
 
@@ -52,10 +40,11 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
         epochs = len(profiler_steps) or config.trace_epochs
         env_steps = epochs * config.envs_per_rank * config.horizon
         phases = PHASES
+        broken_down = (*PHASES, *GRAPH_PHASES)
     else:
         traced = [epoch for epoch in run_summary["epochs"] if epoch.get("traced")]
         epochs, env_steps = len(traced), sum(epoch["steps"] for epoch in traced)
-        phases = (*COMMAND_PHASES, OTHER)
+        phases = broken_down = (*COMMAND_PHASES, OTHER)
     has_gpu = bool(trace_events.complete_events(trace, trace_events.GPU_ACTIVITY_CATEGORIES))
 
     summary = {
@@ -70,6 +59,7 @@ def summarize_trace(path: str | Path, run_summary: dict) -> dict:
         "top_operators": _top_operators(trace),
         # the host-side analogue of launches per step: every operator dispatched pays Python and dispatcher cost
         "cpu_ops_per_env_step": _count(trace, ("cpu_op",)) / env_steps if env_steps else None,
+        "by_phase": phase_breakdown(trace, broken_down, device_ranges=has_gpu),
     }
     if has_gpu:
         summary.update(_gpu_event_counts(trace, epochs, env_steps))
@@ -96,13 +86,7 @@ def _kernels_by_phase(trace: dict) -> dict[str, dict]:
     no phase holds is `other`. A graph replay's seed and offset fills are its `replay_prologue_fills`, not launches
     (docs/profiling.md#trace-summary); their kernels count among the phase's kernels."""
     names = (*PHASES, *GRAPH_PHASES)
-    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"])
-                    for e in trace_events.complete_events(trace, trace_events.HOST_RANGE_CATEGORY) if e["name"] in names)
-    starts = [start for start, _, _ in ranges]
-
-    def phase_at(ts: float) -> str:
-        index = bisect.bisect_right(starts, ts) - 1
-        return ranges[index][2] if index >= 0 and ts <= ranges[index][1] else OTHER
+    phase_at = PhaseLocator(trace, names)
 
     by_phase: dict[str, dict] = defaultdict(
         lambda: {"launches": 0, "replay_prologue_fills": 0, "kernels": 0, "kernel_us": 0.0})
@@ -152,41 +136,19 @@ def _count(trace: dict, categories: tuple[str, ...], names: frozenset[str] | Non
 
 
 def _top_operators(trace: dict) -> list[dict]:
-    """CPU operators by self time (time not spent in a nested event on the same thread), so wrappers such
-    as autograd's engine do not crowd out the operators that do the work."""
-    by_thread: dict[tuple, list[dict]] = defaultdict(list)
-    for event in trace["traceEvents"]:
-        if event.get("ph") == "X" and isinstance(event.get("pid"), int) and event.get("cat") not in (
-            trace_events.GPU_ACTIVITY_CATEGORIES + (trace_events.DEVICE_RANGE_CATEGORY,)
-        ):
-            by_thread[(event["pid"], event["tid"])].append(event)
+    """CPU operators by self time (profilers/trace_phases.py), so wrappers such as autograd's engine do not crowd
+    out the operators that do the work."""
     self_us: Counter[str] = Counter()
     total_us: Counter[str] = Counter()
     calls: Counter[str] = Counter()
-    for events in by_thread.values():
-        events.sort(key=lambda e: (e["ts"], -e["dur"]))
-        open_events: list[list] = []  # [event, time spent in its direct children]
-        for event in events:
-            while open_events and open_events[-1][0]["ts"] + open_events[-1][0]["dur"] <= event["ts"]:
-                _close(open_events.pop(), self_us)
-            if open_events:
-                open_events[-1][1] += event["dur"]
-            open_events.append([event, 0.0])
-            if event.get("cat") == "cpu_op":
-                total_us[event["name"]] += event["dur"]
-                calls[event["name"]] += 1
-        while open_events:
-            _close(open_events.pop(), self_us)
+    for event, own_us in operator_self_times(trace):
+        self_us[event["name"]] += own_us
+        total_us[event["name"]] += event["dur"]
+        calls[event["name"]] += 1
     return [
         {"name": name, "calls": calls[name], "self_us": round(self_us[name], 3), "total_us": round(total_us[name], 3)}
         for name, _ in sorted(((n, self_us[n]) for n in calls), key=lambda item: -item[1])[:TOP_N]
     ]
-
-
-def _close(entry: list, self_us: Counter) -> None:
-    event, children_us = entry
-    if event.get("cat") == "cpu_op":
-        self_us[event["name"]] += max(event["dur"] - children_us, 0.0)
 
 
 def _gpu_event_counts(trace: dict, epochs: int, env_steps: int) -> dict:

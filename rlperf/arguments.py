@@ -123,6 +123,12 @@ def add_no_wait(parser: argparse.ArgumentParser) -> None:
                              "waiting for it (default: wait)")
 
 
+def add_diff(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--diff", action="store_true",
+                        help="where a commit and a phase are named, run the `rlperf profile --against` command the "
+                             "last lines give, which says which operator (default: only print it)")
+
+
 def add_label(parser: argparse.ArgumentParser, default_text: str) -> None:
     parser.add_argument("--label", type=label_text,
                         help=f"a note stored with the runs, e.g. the change being measured (default: {default_text})")

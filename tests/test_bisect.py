@@ -216,7 +216,9 @@ def test_bisect_names_the_commit_that_slowed_the_learn_step(tmp_path):
     done = rlperf(repo, "bisect", good[:10], "main", "--suite", str(tmp_path / "tiny.toml"), "--max-repeats", "6",
                   "--alpha", "0.05", "--out", "../out", "--json", "../search.json", timeout=580)
     assert done.returncode == 0, done.stdout + done.stderr
-    last = done.stdout.strip().splitlines()[-1]
+    *_, last, which = done.stdout.strip().splitlines()
+    assert which.startswith("which operator: rlperf profile ")
+    assert f"--against {culprit[:7]}~1 --at {culprit[:7]}" in which
     assert re.fullmatch(rf'first bad commit: {culprit[:7]} "Slow the learn step" -\d+\.\d% '
                         r'\[-\d+\.\d%, -\d+\.\d%\]', last), done.stdout
 

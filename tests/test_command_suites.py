@@ -261,7 +261,8 @@ def test_the_gate_fails_a_commit_that_slows_a_users_learn_step_by_ten_percent_an
     slowed = run_rlperf(repo, *gate, "--baseline", "HEAD~2", "--out", "../slowed", timeout=380,
                         rlperf_copy=rlperf_copy)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
-    last = slowed.stdout.strip().splitlines()[-1]
+    *_, last, which = slowed.stdout.strip().splitlines()
+    assert which.startswith("which operator: rlperf profile --device cpu ") and " --against HEAD~2 " in which
     # the phase named: learn's time per step grew, and no other phase's
     assert last.startswith("gate: regressed: num_envs=4 -") and last.endswith(" (learn grew)"), last
     with Store.open(repo.parent / "slowed" / "results.sqlite", readonly=True) as store:
@@ -287,7 +288,8 @@ def test_bisect_names_the_commit_of_a_users_repository_that_slowed_its_learn_ste
     done, store_path = bisected
     assert done.returncode == 0, done.stdout + done.stderr
     slowed = git(slowed_repo, "rev-parse", "--short=7", "HEAD")
-    last = done.stdout.strip().splitlines()[-1]
+    *_, last, which = done.stdout.strip().splitlines()
+    assert f" --against {slowed}~1 --at {slowed} " in which
     assert last.startswith(f'first bad commit: {slowed} "Slow the learn step by a tenth" -'), last
     with Store.open(store_path, readonly=True) as store:
         commits = {row.fingerprint["git"]["commit"] for row in store.runs().itertuples()}
@@ -335,8 +337,10 @@ def test_confirm_measures_again_the_commits_either_side_of_a_command_suites_chan
     done = run_rlperf(slowed_repo, "confirm", str(history), "--out", str(tmp_path / "logs"), "--max-repeats", "6",
                       "--alpha", "0.2", timeout=300, rlperf_copy=rlperf_copy)
     assert done.returncode == 0, done.stdout + done.stderr
-    line = done.stdout.strip().splitlines()[-1]
+    lines = done.stdout.strip().splitlines()
+    line = next(line for line in reversed(lines) if not line.startswith("which operator: "))
     assert line.startswith("num_envs=4 at ") and ": confirmed: -" in line, done.stdout
+    assert all(" --against " in line for line in lines[lines.index(line) + 1:])  # the diffs that say which operator
     with Store.open(history, readonly=True) as store:
         confirmations = [row for row in store.runs().itertuples() if "confirms" in row.fingerprint]
     # the user's repository's two commits, checked out and measured in pairs

@@ -415,7 +415,10 @@ def test_a_delay_planted_in_one_point_fails_the_gate_naming_it(tmp_path):
     done = rlperf(repo, "gate", "--suite", str(tmp_path / "two.toml"), "--baseline", "HEAD", "--max-repeats", "8",
                   "--out", "../out", timeout=880)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1].startswith("gate: regressed: num_envs=24 -")
+    *_, last, which = done.stdout.strip().splitlines()
+    assert last.startswith("gate: regressed: num_envs=24 -")
+    # the last line: the traced diff that says which operator grew
+    assert which.startswith("which operator: rlperf profile ") and " --against HEAD --out " in which
     # a new store knows nothing of this machine: the forecast comes from the screen's first point
     assert "forecast: none yet (the store is empty)" in done.stdout
     assert "forecast from the screen's first point: screen " in done.stdout
