@@ -23,6 +23,10 @@ from reference_trainer.flags import add_train_flags, config_from_args
 from rlperf.arguments import MAX_SAMPLE_HZ, add_alpha, number_in, positive_int
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 
+# traced processes a side: at 2 a side a process's luck on a shared machine hides even a 2.4-fold change
+# (docs/profiling.md, "Traced diffs")
+DEFAULT_PROCESSES = 4
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_train_flags(parser, omit=("trace_dir",))  # the trace goes to --out
@@ -49,9 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--at", metavar="COMMIT", default=None,
                         help="with --against: trace commit COMMIT, checked out beside the working tree, in place of "
                              "the working tree")
-    parser.add_argument("--processes", type=positive_int, default=2, metavar="N",
-                        help="with --against: traced processes a side, at least 2 (default 2): a change is claimed "
-                             "only beyond the spread of each side's own")
+    parser.add_argument("--processes", type=positive_int, default=DEFAULT_PROCESSES, metavar="N",
+                        help=f"with --against: traced processes a side, at least 2 (default {DEFAULT_PROCESSES}): a "
+                             "change is claimed only beyond the spread of each side's own")
     add_alpha(parser, "with --against: the chance that a diff claims some phase changed when none did", DEFAULT_ALPHA)
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="another trainer's command to profile (default: the reference trainer, from the "
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     command = command_of(args, {**defaults, "inject_delay": []})
     if args.against is not None:
         return run_against(args, command)
-    if args.processes != 2 or args.at is not None:
+    if args.processes != DEFAULT_PROCESSES or args.at is not None:
         raise BadInput(f"{'at' if args.at is not None else 'processes'}: belongs to --against REF")
     created = not Path(args.out).exists()
     if command:
