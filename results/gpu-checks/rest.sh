@@ -8,6 +8,9 @@
 #     planned 40 setup + 200 the rest of `pytest -m gpu` (step graphs, host syncs, noise, micro, env overlap)
 #     + 140 a second frontier round, old then new (an offset one process had shows as a change between rounds)
 #     + 60 the old code's step graphs traced alone + 140 the event and wait pairs (results/gpu-checks/pairs.py)
+#   OUT=<dir> BUDGET=400 PART=3 bash results/gpu-checks/rest.sh
+#     planned 40 setup + 300 a traced diff on CUDA, 4 processes a side, the plant of results/cpu-epyc-2core/
+#     traced-diff against HEAD: kernel rows, launches and syncs per step, and each phase's device memory
 # Everything lands in $OUT/w/ and is tarred into $OUT/gpu.tgz (files over 8 MB left out, listed in left_out.txt).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -52,6 +55,15 @@ case "${PART:-1}" in
   [ -d .old ] && step profile_old_steps 60 "${OLD[@]}" -m command.cli profile "${TRACED[@]}" --out "$W/profile_old_steps"
   step events_eager_4096 140 "${PAIRS[@]}" --variants events-made events-reused --pairs 3 --out "$W/events_4096" \
     -- "${EAGER[@]}"
+  ;;
+3)
+  [ -d .git ] || { git init -q && git add -A -- . ":!.old" && git -c user.name=gpu -c user.email=gpu@localhost commit -qm copy; } \
+    > "$W/git.log" 2>&1
+  git apply "$HERE/../cpu-epyc-2core/traced-diff/plant.patch" > "$W/plant.log" 2>&1
+  step traced_diff 300 "${R[@]}" profile --device cuda --env synthetic --num-envs 1024 --horizon 16 \
+    --minibatch-size 4096 --total-steps 131072 --warmup-epochs 2 --trace-epochs 3 --against HEAD --processes 4 \
+    --out "$W/traced_diff"
+  git checkout -- . >> "$W/plant.log" 2>&1
   ;;
 esac
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$W/steps.txt"

@@ -5,7 +5,7 @@
 #   OUT=<dir> bash results/gpu-checks/run.sh                  # carry .old and .whl; BUDGET=480 by default
 # Planned seconds (H100), 480 in all; each part has a cap, and a part that no longer fits is skipped:
 #   setup   40  the wheels torch's image lacks, from .whl/, and this checkout installed
-#   1      130  pytest -m gpu: the graph tests, the probe's, the phase timing's and the attach test
+#   1      130  pytest -m gpu: the graph tests, the probe's, the phase timing's, the attach test, device memory
 #   2      120  the GPU smoke (`rlperf bench --suite gpu-smoke`) and its roofline rows (every peak measured)
 #   3      110  the frontier at 8192 envs: eager and --graph-scope step|rollout|update|both, this code against the
 #               old in the same run (sweep.py), each configuration's traced epoch: GPU busy share, kernels per step
@@ -43,7 +43,7 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 step install 25 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # 1. the GPU tests of what this change touched: whole graphs against eager cuDNN, launches as traced, the probe
 step gpu_tests 130 python3 -m pytest -m gpu -v -rs -p no:cacheprovider --durations=15 tests/test_gpu_graphs.py \
-  tests/test_lstm_pieces.py tests/test_phases.py tests/test_attach.py \
+  tests/test_lstm_pieces.py tests/test_phases.py tests/test_attach.py tests/test_gpu_memory.py \
   tests/test_gpu_knobs.py::test_the_probe_measures_every_kind_of_peak_a_gpu_run_needs
 # 2. what a GPU user sees first, and whether its roofline is whole
 step smoke 110 "${R[@]}" bench --suite gpu-smoke --device cuda --out "$W/smoke"
