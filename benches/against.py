@@ -19,7 +19,7 @@ from benches.options import ProcessOptions
 from benches.pairing import Pairing
 from benches.peak_probe import measure_run_peaks
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
-from benches.worktrees import resolve_commit, worktree
+from benches.worktrees import resolve_commit, twin_worktrees
 from decisions.sequential import Design, pairing_entry
 from decisions.verdicts import PointVerdict
 from rlperf.errors import BadInput, output_dir
@@ -81,7 +81,7 @@ class Against:
         runnable = [point for point in suite.points if machine.skip_reason(point.config) is None]
         design = self.design(len(runnable), suite.repeats)
         sides = self.sides(suite, commit)
-        with self.reference_tree(commit) as tree, Store.open(store_path) as store:
+        with self.reference_tree(commit) as trees, Store.open(store_path) as store:
             label = opts.label or (f"against {self.ref}" if commit else "against")
             ref_run = store.create_run(suite.name, suite.suite_hash,
                                        {**reference, "against": sides["ref"][0],
@@ -93,7 +93,7 @@ class Against:
             self.console.print(f"runs {ref_run} ({sides['ref'][1]}) and {new_run} ({sides['new'][1]}): "
                                f"suite {suite.name}, {len(suite.points)} points, store {store.path}", markup=False)
             try:
-                verdicts = self.measure(store, suite, machine, tree, working, ref_run, new_run, design)
+                verdicts = self.measure(store, suite, machine, trees, working, ref_run, new_run, design)
                 measure_run_peaks(store, key, new_run, self.say)
             except KeyboardInterrupt:
                 for run_id in (ref_run, new_run):
@@ -104,13 +104,14 @@ class Against:
         return ref_run, new_run, verdicts
 
     @contextlib.contextmanager
-    def reference_tree(self, commit: str | None) -> Iterator[Path | None]:
-        """A checkout of the reference commit; None where both sides run the working tree ([against])."""
+    def reference_tree(self, commit: str | None) -> Iterator[dict[str, Path] | None]:
+        """Checkouts of the reference commit and of the working tree's state side by side (twin_worktrees); None
+        where both sides run the working tree ([against])."""
         if commit is None:
             yield None
             return
-        with worktree(commit, self.say) as tree:
-            yield tree
+        with twin_worktrees(commit, self.say) as trees:
+            yield trees
 
     def conclude(self, store_path: Path, ref_run: str, new_run: str, verdicts: list[PointVerdict]) -> int:
         """The report of the working tree against the reference, its verdicts printed; the exit code."""
@@ -143,18 +144,19 @@ class Against:
         pairs = opts.repeats or suite_repeats
         return Design((pairs,), alpha, sides=2, threshold=opts.threshold, futility_from=pairs)
 
-    def measure(self, store: Store, suite: suites.Suite, machine: Machine, tree: Path | None, working: Launcher,
-                ref_run: str, new_run: str, design: Design) -> list[PointVerdict]:
-        """Each point's pairs: the reference's processes start in its checkout (in the working tree, as the
-        suite's, where the sides differ by [against]'s settings), from the same server as the working tree's."""
+    def measure(self, store: Store, suite: suites.Suite, machine: Machine, trees: dict[str, Path] | None,
+                working: Launcher, ref_run: str, new_run: str, design: Design) -> list[PointVerdict]:
+        """Each point's pairs: each side's processes start in its checkout (both in the working tree, as the
+        suite's, where the sides differ by [against]'s settings), from one server."""
         opts = self.options
         utilization = UtilizationProbe(opts.sample_hz_for(suite))
         timeout = opts.timeout_for(suite)
-        with working.beside(tree or working.cwd) as baseline:
+        trees = trees or {"ref": working.cwd, "new": working.cwd}
+        with working.beside(trees["ref"]) as baseline, working.beside(trees["new"]) as new:
             sides = {"ref": PointRunner(opts.out_dir / ref_run, design.max_pairs, timeout, utilization,
                                         trainer_command, baseline, side="ref"),
                      "new": PointRunner(opts.out_dir / new_run, design.max_pairs, timeout, utilization,
-                                        trainer_command, working, side="new")}
+                                        trainer_command, new, side="new")}
             return self.measure_pairs(store, suite, machine, ref_run, new_run, design, sides)
 
     def measure_pairs(self, store: Store, suite: suites.Suite, machine: Machine, ref_run: str, new_run: str,

@@ -1,5 +1,6 @@
-"""Commits checked out beside the working tree: a detached git worktree of a commit in a temporary directory,
-for the commands that measure another commit than the working tree's (--against, the gate, bisect, confirm).
+"""Commits checked out beside the working tree: detached git worktrees in a temporary directory, for the commands
+that measure another commit than the working tree's (--against, the gate, bisect, confirm); where the working tree
+is one side, its state is checked out too, beside the other at a path of equal length (`twin_worktrees`).
 
 A process killed by SIGKILL (a CI step's timeout) cannot remove its checkout. Each checkout therefore names its
 owner, and every new checkout first removes those whose owner is gone; a live owner's are never touched."""
@@ -44,20 +45,65 @@ def git(*args: str, cwd: Path | None = None) -> str:
 
 @contextlib.contextmanager
 def worktree(commit: str, say: Callable[[str], None] = lambda text: None) -> Iterator[Path]:
-    """A detached checkout of `commit` in a temporary directory, removed afterwards. Its directory names its
-    owner, this process, so that what an owner killed before it could remove it leaves is pruned by the next
-    checkout made (`prune_abandoned`, which says what it removed through `say`)."""
+    """A detached checkout of `commit` in a temporary directory, removed afterwards (`checkouts`)."""
+    with checkouts({"tree": commit}, say) as paths:
+        yield paths["tree"]
+
+
+@contextlib.contextmanager
+def twin_worktrees(commit: str, say: Callable[[str], None] = lambda text: None) -> Iterator[dict[str, Path]]:
+    """Both sides of a comparison of the working tree with `commit`, checked out side by side at paths of equal
+    length in one temporary directory: "ref" at `commit`, "new" at the working tree as it is now, uncommitted edits
+    and untracked files included (`working_tree_commit`). Their processes then differ in nothing but the code, where
+    the working tree's own path gave its side an offset of its own (docs/decision-rules.md)."""
+    with checkouts({"ref": commit, "new": working_tree_commit()}, say) as paths:
+        yield paths
+
+
+@contextlib.contextmanager
+def checkouts(commits: dict[str, str], say: Callable[[str], None] = lambda text: None) -> Iterator[dict[str, Path]]:
+    """Detached checkouts of `commits` (folder name -> commit) in one temporary directory, removed afterwards. The
+    directory names its owner, this process, so that what an owner killed before it could remove it leaves is
+    pruned by the next checkout made (`prune_abandoned`, which says what it removed through `say`)."""
     prune_abandoned(say)
     parent = Path(tempfile.mkdtemp(prefix=PREFIX))
-    path = parent / "tree"
+    paths = {name: parent / name for name in commits}
     try:
         (parent / OWNER_FILE).write_text(json.dumps(this_owner()))
-        git("worktree", "add", "--detach", str(path), commit)
-        yield path
+        for name, commit in commits.items():
+            git("worktree", "add", "--detach", str(paths[name]), commit)
+        yield paths
     finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            git("worktree", "remove", "--force", str(path))
+        for path in paths.values():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                git("worktree", "remove", "--force", str(path))
         shutil.rmtree(parent, ignore_errors=True)
+
+
+# who a commit of the working tree's state names: git refuses a commit without an author
+STATE_AUTHOR = {"GIT_AUTHOR_NAME": "rlperf", "GIT_AUTHOR_EMAIL": "rlperf@localhost",
+                "GIT_COMMITTER_NAME": "rlperf", "GIT_COMMITTER_EMAIL": "rlperf@localhost"}
+
+
+def working_tree_commit() -> str:
+    """The working tree as it is, as a commit on HEAD that no branch names (what `git stash create` makes, with the
+    untracked files git does not ignore too), written through an index of its own: the repository's index, branches
+    and stashes are untouched. A checkout's HEAD keeps it from git's garbage collection while the checkout lives."""
+    repo = measured_repository()
+    index = repo / git("rev-parse", "--git-path", "index")
+    with tempfile.TemporaryDirectory(prefix="rlperf-index-") as scratch:
+        own_index = Path(scratch) / "index"
+        if index.exists():
+            shutil.copyfile(index, own_index)  # its cached file stats spare `add` rereading unchanged files
+        env = {**os.environ, **STATE_AUTHOR, "GIT_INDEX_FILE": str(own_index)}
+
+        def in_own_index(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
+                                  env=env).stdout.strip()
+
+        in_own_index("add", "--all")
+        tree = in_own_index("write-tree")
+        return in_own_index("commit-tree", tree, "-p", "HEAD", "-m", "rlperf: the working tree as measured")
 
 
 def this_owner() -> dict[str, Any]:
@@ -94,9 +140,9 @@ def prune_abandoned(say: Callable[[str], None] = lambda text: None) -> list[Path
         if owner is None or owner_alive(owner):
             continue
         repo = Path(owner.get("repo") or measured_repository())
-        if (parent / "tree").exists() and repo.is_dir():
+        for tree in (path for path in parent.iterdir() if path.is_dir()) if repo.is_dir() else ():
             with contextlib.suppress(subprocess.CalledProcessError, OSError):
-                git("worktree", "remove", "--force", str(parent / "tree"), cwd=repo)
+                git("worktree", "remove", "--force", str(tree), cwd=repo)
         shutil.rmtree(parent, ignore_errors=True)
         removed.append(parent)
     with contextlib.suppress(subprocess.CalledProcessError, OSError):
