@@ -201,8 +201,8 @@ def fit_line(fit: NightFit, points: list[Point], plan: GatePlan, night_s: float,
             costs.append(f"{point.label} {fit.cut[point.key][0]} -> {fit.cut[point.key][1]} pairs, detecting "
                          f"{after:.1%} rather than {before:.1%}")
     cost = "; ".join(costs) if costs else "no earlier screen here tells what that costs in detectable change"
-    suspects = (f"{fit.suspects} suspect confirmed rather than {plan.max_suspects} (a suspect beyond is listed, not "
-                f"confirmed); " if fit.suspects < plan.max_suspects else "")
+    suspects = (f"{fit.suspects} suspect confirmed rather than {plan.max_suspects} (a suspect beyond is undecided); "
+                if fit.suspects < plan.max_suspects else "")
     cut = (f"{len(fit.cut)} point{'s get' if len(fit.cut) > 1 else ' gets'} fewer pairs, the screen "
            f"{duration(fit.screen_s[0])} -> {duration(fit.screen_s[1])}: {cost}" if fit.cut else "every screen pair kept")
     return (f"night: fitted to {duration(night_s)}, keeping {duration(fit.reserve_s)} for the suspects' first looks "

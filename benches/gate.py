@@ -17,9 +17,10 @@ from benches.night import (MAX_SUSPECTS, NIGHT_S, REFINE_POINTS, SCREEN_PAIRS, N
 from benches.options import ProcessOptions
 from benches.pairing import SIDES
 from benches.peak_probe import measure_run_peaks
+from benches.promise import promise_line, weaker_line
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.traced_against import follow_up
-from benches.worktrees import resolve_commit, worktree
+from benches.worktrees import resolve_commit, twin_worktrees
 from decisions import screening as rules
 from rlperf.errors import BadInput, output_dir, output_file, written_whole
 from rlperf.layout import STORE_FILE
@@ -36,8 +37,10 @@ class Gate:
 
     def __init__(self, options: ProcessOptions, baseline: str, console: Console, screen_pairs: int = SCREEN_PAIRS,
                  max_suspects: int = MAX_SUSPECTS, summary: Path | None = None, machine: Machine | None = None,
-                 refine_points: int = REFINE_POINTS, night_s: float = NIGHT_S):
+                 refine_points: int = REFINE_POINTS, night_s: float = NIGHT_S, accept_weaker: bool = False):
         self.options = options
+        self.accept_weaker = accept_weaker
+        self.weaker: str | None = None  # the last line of a night run weaker than its promise
         self.night_s = night_s
         self.baseline = baseline
         self.screen_pairs = screen_pairs
@@ -76,11 +79,11 @@ class Gate:
         current = collect(machine, suite.suite_hash, overrides)
         fingerprints = {"ref": {**current, "git": commit_state(commit, self.baseline)}, "new": current}
         plan = gate_plan(opts, self.screen_pairs, self.max_suspects, self.refine_points)
-        with worktree(commit, self.say) as tree, working.beside(tree) as baseline, \
-                Store.open(store_path) as store:
+        with twin_worktrees(commit, self.say) as trees, working.beside(trees["ref"]) as baseline, \
+                working.beside(trees["new"]) as new, Store.open(store_path) as store:
             runnable = [p for p in suite.points if machine.skip_reason(p.config) is None]
             tonight = Tonight(commit, suite, machine, machine_key(current), runnable, fingerprints,
-                              {"ref": baseline, "new": working},
+                              {"ref": baseline, "new": new},
                               forecast.screen_history(store, machine_key(current), runnable, plan))
             setup = set_up_night(plan, tonight.history, None, self.night_s)
             setup, predicted, foreword = self.fitted(store, tonight, setup)  # from the runs before tonight's
@@ -108,10 +111,15 @@ class Gate:
         if predicted is None:
             return setup, None, []
         costs = {point.key: cost.process_s for point, cost in zip(tonight.runnable, predicted.points)}
-        fitted = fitted_night(setup, costs, self.night_s, screened)
+        labels = {point.key: point.label for point in tonight.runnable}
+        fitted = fitted_night(setup, costs, self.night_s, screened, tonight.history, self.accept_weaker, labels)
+        if fitted.refused:
+            raise BadInput(fitted.refused)
+        if fitted.plan.beyond_undecided:
+            self.weaker = weaker_line(fitted.promise, fitted.fit, labels)
         line = forecast.fit_line(fitted.fit, tonight.runnable, setup.plan, self.night_s, tonight.history)
         predicted = self.forecast_night(store, tonight, fitted)
-        return fitted, predicted, ([line] if line else []) + predicted.lines(heading)
+        return fitted, predicted, ([line] if line else []) + [promise_line(fitted.promise)] + predicted.lines(heading)
 
     def conclude(self, plan: rules.GatePlan, store_path: Path) -> int:
         """The verdicts rebuilt from the store, as every later report will show them, and the exit code."""
@@ -141,6 +149,8 @@ class Gate:
                 "memory": memory})
         self.say(rules.conclusion(found))
         self.which_operator(found, candidate)
+        if self.weaker:  # the last line: what a weaker night promised
+            self.say(self.weaker)
         return code
 
     def which_operator(self, found: list[rules.GateVerdict], candidate) -> None:

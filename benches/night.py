@@ -16,11 +16,12 @@ from benches import forecast
 from benches import suite as suites
 from benches.options import ProcessOptions
 from benches.pairing import SIDES, Pairing, frames, pair_contention
+from benches.promise import Detecting, Promise, fit_promise, refusal
 from benches.runner import PointRunner
 from decisions import screening as rules
 from decisions import sequential
 from decisions.verdicts import PointVerdict, is_contended
-from rlperf.store import PointRecord, utc_now
+from rlperf.store import PointRecord, point_label, utc_now
 
 # Sized by simulation at the H100's noise, one GPU's nightly points in a night of an hour; the rates and what the
 # other sizes lost: docs/decision-rules.md#measured-by-simulation.
@@ -56,31 +57,45 @@ def gate_plan(options: ProcessOptions, screen_pairs: int = SCREEN_PAIRS, max_sus
 
 @dataclass(frozen=True)
 class NightSetup:
-    """What a night is measured by: its plan, each point's screen pairs (by point key), and the fit that cut them to
-    the night's seconds (None where the night was not fitted)."""
+    """What a night is measured by: its plan, each point's screen pairs (by point key), the fit that cut them to
+    the night's seconds and what that fit promises (None where the night was not fitted), and, where it cannot keep
+    the promise, the line it refuses with."""
 
     plan: rules.GatePlan
     screen_pairs: dict[str, int]
     fit: forecast.NightFit | None = None
+    promise: Promise | None = None
+    refused: str | None = None
 
 
 def set_up_night(plan: rules.GatePlan, history: dict[str, list[tuple]], costs: dict[str, float] | None,
-                 night_s: float) -> NightSetup:
+                 night_s: float, accept_weaker: bool = False, labels: dict[str, str] | None = None) -> NightSetup:
     """The night as the gate sets it up before it measures, and as studies/gate_power.py simulates it: the screen's
     pairs shared by each point's noise on earlier nights (`history`), then, where each point's process is known to
-    cost `costs[key]` seconds, fitted into `night_s`."""
+    cost `costs[key]` seconds, fitted into `night_s` (benches/promise.py: refused where the fit breaks the promise,
+    unless `accept_weaker`; a refusal names the points by `labels`, by point key)."""
     weighed = NightSetup(replace(plan, point_spreads=rules.relative_spreads(history)),
                          rules.screen_allocation(history, plan))
-    return weighed if costs is None else fitted_night(weighed, costs, night_s)
+    return weighed if costs is None else fitted_night(weighed, costs, night_s, history=history,
+                                                      accept_weaker=accept_weaker, labels=labels)
 
 
-def fitted_night(setup: NightSetup, costs: dict[str, float], night_s: float,
-                 screened: frozenset[str] = frozenset()) -> NightSetup:
+def fitted_night(setup: NightSetup, costs: dict[str, float], night_s: float, screened: frozenset[str] = frozenset(),
+                 history: dict[str, list[tuple]] | None = None, accept_weaker: bool = False,
+                 labels: dict[str, str] | None = None) -> NightSetup:
     """`setup` fitted into `night_s` at these costs (benches/forecast.py fit_night): once points are `screened`,
-    only the others lose pairs, and the suspects stay as many."""
-    fit = forecast.fit_night(costs, setup.screen_pairs, setup.plan, night_s, setup.plan.point_spreads, screened,
-                             fewer_suspects=not screened)
-    return NightSetup(replace(setup.plan, max_suspects=fit.suspects), {**setup.screen_pairs, **fit.pairs}, fit)
+    only the others lose pairs, and the suspects stay as many. Where the fit breaks the night's promise, `refused`
+    says why, or with `accept_weaker` the night runs with every suspect beyond those confirmed undecided."""
+    detecting = Detecting(setup.plan, history or {key: [] for key in costs})
+    allocated = {key: setup.screen_pairs[key] for key in costs}
+    fit, kept = fit_promise(costs, allocated, detecting, night_s, screened)
+    if fit is None or not kept.kept:
+        if not accept_weaker or fit is None:
+            labels = labels or {key: point_label(key) for key in costs}
+            return replace(setup, fit=fit, promise=kept,
+                           refused=refusal(kept, costs, allocated, detecting, night_s, labels, screened))
+    plan = replace(setup.plan, max_suspects=fit.suspects, beyond_undecided=not kept.kept)
+    return NightSetup(plan, {**setup.screen_pairs, **fit.pairs}, fit, kept)
 
 
 Runners = Callable[[str], dict[str, PointRunner]]  # stage -> the two sides' runners

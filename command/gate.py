@@ -34,6 +34,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds of the whole night, screen to confirmation: the confirmation of the suspects "
                              f"gets what the screen and refinement leave, above 0 and at most {MAX_TIMEOUT_S:g} "
                              f"(default {NIGHT_S:g})")
+    parser.add_argument("--accept-weaker", action="store_true",
+                        help="run a night that cannot keep its promise (every point flagged 95%% of the time when "
+                             "twice the threshold slower, --max-suspects confirmed) rather than refuse it: every "
+                             "suspect beyond those confirmed is then undecided (exit 3), and the last line states "
+                             "what the night detects per cut point")
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes a point gets in the screen on average, at least 2: shared out by "
                              f"each point's pair spread in the store's earlier screens on this machine, every point "
@@ -62,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
     gate = Gate(ProcessOptions.from_args(args), args.baseline, default_console(), screen_pairs=args.screen_pairs,
                 max_suspects=args.max_suspects, summary=args.summary, refine_points=args.refine_points,
-                night_s=args.night_s)
+                night_s=args.night_s, accept_weaker=args.accept_weaker)
     with stop_signals_interrupt():
         return gate.run()

@@ -49,6 +49,8 @@ class GatePlan:
     # spread for every point
     point_spreads: dict[str, float] = field(default_factory=dict)
     night_end_undecided: bool = False  # a suspect the night ended before it decided is `undecided`, and fails
+    # a night run weaker than its promise (--accept-weaker): a suspect beyond those confirmed is `undecided`
+    beyond_undecided: bool = False
 
     def shares(self, suspects: int) -> list[float]:
         """Each suspect's own share of alpha, in the order they are confirmed."""
@@ -306,6 +308,9 @@ def verdicts(screened: list[Screened], confirmed: dict[str, PointVerdict], plan:
                             f"the others ran on a contended machine")
         elif point.key in designs:
             confirm_point(verdict, confirmed.get(point.key), designs[point.key], plan.night_end_undecided)
+        elif point.suspect and plan.beyond_undecided:
+            verdict.status = UNDECIDED
+            verdict.note = f"a suspect beyond the {plan.max_suspects} the weaker night confirms"
         elif point.suspect:
             verdict.status = NOT_CONFIRMED
             verdict.note = f"a suspect beyond the {plan.max_suspects} the gate confirms"
@@ -371,9 +376,13 @@ def conclusion(found: list[GateVerdict]) -> str:
     if named(UNMEASURED):
         failed.append(f"could not measure {count(named(UNMEASURED), 'point')}: " + "; ".join(
             f"{v.point} ({v.note})" for v in named(UNMEASURED)))
-    if named(UNDECIDED):
-        failed.append(f"undecided {count(named(UNDECIDED), 'suspect')} (the night ended first: raise --night-s): "
-                      + "; ".join(f"{v.point} ({v.note.split(': ')[0]})" for v in named(UNDECIDED)))
+    ended = [v for v in named(UNDECIDED) if v.confirmation is not None]
+    if ended:
+        failed.append(f"undecided {count(ended, 'suspect')} (the night ended first: raise --night-s): "
+                      + "; ".join(f"{v.point} ({v.note.split(': ')[0]})" for v in ended))
+    if beyond := [v for v in named(UNDECIDED) if v.confirmation is None]:
+        failed.append(f"undecided {count(beyond, 'suspect')} beyond the weaker night's confirmed (raise --night-s): "
+                      + "; ".join(v.point for v in beyond))
     if failed:
         return "gate: " + "; ".join(failed)
     confirmed = [v for v in found if v.confirmation is not None]

@@ -51,7 +51,8 @@ def rate(hits: int, trials: int) -> dict:
 
 def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slowdown: float, nights: int,
              seed: int, walls: dict[str, float], process_s: float, night_s: float,
-             graphed_noise: Noise | None = None, history_nights: int = 0, fit_night: bool = True) -> dict:
+             graphed_noise: Noise | None = None, history_nights: int = 0, fit_night: bool = True,
+             accept_weaker: bool = False) -> dict:
     machine = SimulatedMachine(noise, np.random.default_rng(seed), graphed_noise=graphed_noise, walls=walls,
                                process_s=process_s)
     night = Night(plan, say=lambda text: None, clock=machine.clock)
@@ -59,9 +60,12 @@ def simulate(points: list[suites.Point], plan: rules.GatePlan, noise: Noise, slo
     # the night fitted as the gate fits it to its forecast, where the processes cost anything
     costs = {point.key: walls.get(point.key, process_s) for point in points} \
         if fit_night and (walls or process_s) else None
-    setup = set_up_night(plan, history, costs, night_s)
+    labels = {point.key: point.label for point in points}
+    setup = set_up_night(plan, history, costs, night_s, accept_weaker, labels)
     night.plan, night.screen_pairs = setup.plan, setup.screen_pairs
     tallies = Tallies()
+    if setup.refused:  # the gate refuses every such night before it measures: exit 2
+        return tallies.refused(nights, setup)
     for index in range(nights):
         tallies.add(simulate_night(night, machine, points, slowdown, seed, index, night_s), setup.plan)
     return tallies.results(points, setup)
@@ -158,13 +162,32 @@ class Tallies:
         if caught:
             tally["estimate sum"] += verdicts[slowed.key].confirmation.sps.relative
 
+    def refused(self, nights: int, setup: NightSetup) -> dict:
+        """What `nights` nights the gate refuses before measuring come to: exit 2, each."""
+        for index in range(nights):
+            tally = self.outcome["slowed" if index % 2 else "null"]
+            tally["nights"] += 1
+            tally["exit 2"] += 1
+        return {"refused": setup.refused, "exit codes": self.exit_codes(), **self.promise(setup)}
+
+    def exit_codes(self) -> dict:
+        return {kind: {code: rate(tally[f"exit {code}"], tally["nights"]) for code in (0, 1, 2, 3)}
+                for kind, tally in self.outcome.items()}
+
+    @staticmethod
+    def promise(setup: NightSetup) -> dict:
+        promise = setup.promise
+        return {} if promise is None else {"promise": {
+            "slowdown": promise.slowdown, "suspects": promise.suspects, "confirmed": promise.confirmed,
+            "kept": promise.kept, "weaker": setup.plan.beyond_undecided,
+            "detects": {key: list(pair) for key, pair in promise.detects.items()}}}
+
     def results(self, points: list[suites.Point], setup: NightSetup) -> dict:
         null, bad = self.outcome["null"], self.outcome["slowed"]
         processes, seconds, fit = self.processes, self.seconds, setup.fit
         screen_processes = 2 * sum(setup.screen_pairs.values())
         return {
-            "exit codes": {kind: {code: rate(tally[f"exit {code}"], tally["nights"]) for code in (0, 1, 3)}
-                           for kind, tally in (("null", null), ("slowed", bad))},
+            "exit codes": self.exit_codes(), **self.promise(setup),
             "nights with an undecided suspect": {kind: rate(tally["undecided"], tally["nights"])
                                                  for kind, tally in (("null", null), ("slowed", bad))},
             "screen fitted to the night": None if fit is None else {
@@ -225,6 +248,8 @@ def where_lost(verdict: rules.GateVerdict, found: list[rules.GateVerdict], plan:
         return "not a suspect in the screen"
     if confirmation is None and verdict.status == rules.NOT_CONFIRMED:
         return f"a suspect beyond the {plan.max_suspects} confirmed"
+    if confirmation is None and verdict.status == rules.UNDECIDED:
+        return f"undecided: a suspect beyond the {plan.max_suspects} the weaker night confirms"
     if verdict.status == rules.UNDECIDED:
         return "undecided: the night ended before its confirmation decided"
     if confirmation is not None and confirmation.status == "skipped":
@@ -325,11 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every process's wall times this (2: a runner, or a commit, twice as slow)")
     parser.add_argument("--side-offset", type=float, default=0.0,
                         help="log SD of an offset one side's processes share for a whole night (default 0)")
-    parser.add_argument("--night-end", choices=("undecided", "not-confirmed"), default="undecided",
-                        help="what a suspect the night ran out of time for is: undecided (exit 3, the gate's rule) or "
-                             "not confirmed (exit 0, the rule of plans stored before it)")
-    parser.add_argument("--no-fit", action="store_true",
-                        help="screen every night as allocated, not fitted to the night (the gate before it fitted)")
+    add_night_rules(parser)
     parser.add_argument("--process-s", type=float, default=0.0,
                         help="the wall of every process without --walls-from (default 0: no budget binds)")
     parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
@@ -343,6 +364,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser
+
+
+def add_night_rules(parser: argparse.ArgumentParser) -> None:
+    """The rules a night ends by, as the gate's now or as before."""
+    parser.add_argument("--night-end", choices=("undecided", "not-confirmed"), default="undecided",
+                        help="what a suspect the night ran out of time for is: undecided (exit 3, the gate's rule) or "
+                             "not confirmed (exit 0, the rule of plans stored before it)")
+    parser.add_argument("--accept-weaker", action="store_true",
+                        help="run a fitted night that cannot keep its promise, as the gate's --accept-weaker does, "
+                             "rather than count each night refused (exit 2)")
+    parser.add_argument("--no-fit", action="store_true",
+                        help="screen every night as allocated, not fitted to the night (the gate before it fitted)")
 
 
 def main() -> None:
@@ -377,7 +410,7 @@ def main() -> None:
     try:
         results = simulate(points, plan, noise, args.slowdown, args.nights, args.seed, walls,
                            args.process_s * args.walls_scale, args.night_s, graphed_noise, args.history_nights,
-                           not args.no_fit)
+                           not args.no_fit, args.accept_weaker)
     except BadInput as refused:
         print(refused, file=sys.stderr)
         raise SystemExit(2)

@@ -241,8 +241,8 @@ def test_a_fitted_night_says_what_it_cut_and_what_each_cut_point_can_then_detect
     history = {points[0].key: [(0.05, -0.02, 0.01), (0.0, 0.04, -0.03)]}
     line = forecast.fit_line(fit, points, plan, 1800.0, history)
     assert line.startswith("night: fitted to 30 min 00 s, keeping 5 min 00 s for the suspects' first looks at the "
-                           "costliest points: 1 suspect confirmed rather than 2 (a suspect beyond is listed, not "
-                           "confirmed); 1 point gets fewer pairs, the screen 10 min 00 s -> 9 min 00 s: "
+                           "costliest points: 1 suspect confirmed rather than 2 (a suspect beyond is undecided); "
+                           "1 point gets fewer pairs, the screen 10 min 00 s -> 9 min 00 s: "
                            f"{points[0].label} 3 -> 2 pairs, detecting "), line
     after, before = (float(part.split("%")[0]) for part in line.split("detecting ")[1].split(" rather than "))
     assert after > before > 0
