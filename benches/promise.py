@@ -121,7 +121,7 @@ def refusal(promise: Promise | None, costs: dict[str, float], allocated: dict[st
         why = "fitted, " + ", ".join(short)
     named = "; ".join(labels[key] for key in dropped)
     drop = f", or drop the costliest point{'s' if len(dropped) > 1 else ''} ({named})" if dropped else ""
-    return (f"night-s: {forecast.duration(night_s)} cannot keep the night's promise (every point flagged 95% of "
+    return (f"night-s: {forecast.duration(night_s)} cannot keep what the night promises (every point flagged 95% of "
             f"the time when {slowdown:.0%} slower, {suspects} suspect{'s' if suspects != 1 else ''} confirmed): "
             f"{why}; raise --night-s to at least {least}{drop}, or run the weaker night with --accept-weaker")
 
