@@ -2,7 +2,8 @@
 measured tonight in pairs of processes (benches/gate.py; docs/gate.md#rlperf-gate).
 
 Exit codes: 0 when no point regressed and every point was measured, 1 when a point regressed (or the machine
-refused a write), 3 when a point could not be measured or decided, 2 for bad input; the last line says why.
+refused a write), 3 when a point could not be measured or decided, 2 for bad input or a night that cannot keep its
+promise (docs/gate.md#the-nights-promise); the last line says why.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlperf.processes import stop_signals_interrupt
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (f"{parser.description}. Exit code 0 when no point regressed, 1 when one did, 3 when a "
-                          f"point could not be measured, 2 for bad input.")
+                          f"point could not be measured, 2 for bad input or a night that cannot keep what it promises.")
     parser.add_argument("--suite", required=True, help="a suite in benches/suites or a path to a .toml file")
     parser.add_argument("--baseline", required=True, metavar="REF",
                         help="the commit (any git ref) the working tree is judged against, measured tonight in a "
