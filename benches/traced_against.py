@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benches.worktrees import resolve_commit, working_copy, worktree
+from benches.worktrees import checkouts, resolve_commit, working_tree_commit
 from profilers.profile_run import PROFILE_NAME, TRACE_NAME, ProfileResult
 from profilers.profile_sets import read_side
 from reference_trainer.config import TrainConfig, from_dict
@@ -40,9 +40,8 @@ def traced_against(ref: str, processes: int, out_dir: Path, trace_one: TraceOne,
     commit, new_commit = checked_sides(ref, at, processes)
     labels = {"ref": f"{ref} ({commit[:10]})",
               "new": f"{at} ({new_commit[:10]})" if new_commit else "working tree"}
-    new_checkout = worktree(new_commit) if new_commit else working_copy(say)
-    with worktree(commit, say) as ref_tree, new_checkout as new_tree:
-        trees = {"ref": ref_tree, "new": new_tree}
+    # twin checkouts in one folder, the working tree's state committed to a ref of its own where it is a side
+    with checkouts({"ref": commit, "new": new_commit or working_tree_commit()}, say) as trees:
         for index in range(1, processes + 1):
             for side in SIDES:
                 directory = out_dir / side / str(index)

@@ -150,21 +150,3 @@ def prune_abandoned(say: Callable[[str], None] = lambda text: None) -> list[Path
     if removed:
         say(f"removed {len(removed)} checkout(s) left by a killed process: " + ", ".join(map(str, removed)))
     return removed
-
-
-@contextlib.contextmanager
-def working_copy(say: Callable[[str], None] = lambda text: None) -> Iterator[Path]:
-    """The working tree as a checkout like a commit's: HEAD checked out beside it (`worktree`), with the working
-    tree's uncommitted changes and its untracked files that git does not ignore, so that both sides of a comparison
-    run from a checkout of the same kind, at paths of the same shape."""
-    root = measured_repository()
-    with worktree(resolve_commit("HEAD"), say) as tree:
-        changes = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=root, capture_output=True, check=True).stdout
-        if changes:
-            subprocess.run(["git", "apply", "--whitespace=nowarn"], cwd=tree, input=changes, capture_output=True,
-                           check=True)
-        for name in git("ls-files", "--others", "--exclude-standard", "-z", cwd=root).split("\0"):
-            if name and (root / name).is_file():
-                (tree / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(root / name, tree / name)
-        yield tree
