@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("b", metavar="B", help="the profile directory compared (the side whose changes are shown)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="write diff.json, diff.md and diff.html here (default: print only)")
-    parser.add_argument("--json", metavar="FILE", default=None, help="also write the diff as JSON here")
+    parser.add_argument("--json", metavar="FILE", default=None, help="also write the diff as JSON here (default: none)")
     add_alpha(parser, "the chance that the diff claims some phase changed when none did", DEFAULT_ALPHA)
 
 

@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run a night that cannot keep its promise (every point flagged 95%% of the time when "
                              "twice the threshold slower, --max-suspects confirmed) rather than refuse it: every "
                              "suspect beyond those confirmed is then undecided (exit 3), and the last line states "
-                             "what the night detects per cut point")
+                             "what the night detects per cut point (default: refuse such a night, exit 2)")
     parser.add_argument("--screen-pairs", type=positive_int, default=SCREEN_PAIRS, metavar="N",
                         help=f"pairs of processes a point gets in the screen on average, at least 2: shared out by "
                              f"each point's pair spread in the store's earlier screens on this machine, every point "

@@ -52,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "alone)")
     parser.add_argument("--at", metavar="COMMIT", default=None,
                         help="with --against: trace commit COMMIT, checked out beside the working tree, in place of "
-                             "the working tree")
+                             "the working tree (default: the working tree)")
     parser.add_argument("--processes", type=positive_int, default=DEFAULT_PROCESSES, metavar="N",
                         help=f"with --against: traced processes a side, at least 2 (default {DEFAULT_PROCESSES}): a "
                              "change is claimed only beyond the spread of each side's own")
