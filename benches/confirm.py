@@ -15,7 +15,7 @@ from benches.options import ProcessOptions
 from benches.runner import Launcher, PointRunner, UtilizationProbe, trainer_command
 from benches.suite import Point
 from benches.traced_against import follow_up
-from benches.worktrees import resolve_commit, worktree
+from benches.worktrees import checkouts, resolve_commit
 from decisions import changepoints
 from reports.history import FINISHED, measures_its_moment
 from decisions.rundata import load_run
@@ -100,9 +100,9 @@ class Confirm:
         design = Design.plan(opts.max_repeats, opts.alpha, sides=2, threshold=opts.threshold)
         fingerprint = collect(machine, after_run.info["suite_hash"])
         key = machine_key(fingerprint)
-        with worktree(commits["ref"], self.say) as ref_tree, worktree(commits["new"]) as new_tree, \
-                Launcher(opts.launch, ref_tree) as ref_launcher, ref_launcher.beside(new_tree) as new_launcher, \
-                Store.open(store_path) as store:
+        # twin checkouts in one folder, as the gate's: the two sides' paths differ in nothing but the code
+        with checkouts(dict(commits), self.say) as trees, Launcher(opts.launch, trees["ref"]) as ref_launcher, \
+                ref_launcher.beside(trees["new"]) as new_launcher, Store.open(store_path) as store:
             created = {}
             for side, tree_commit in commits.items():
                 entry = {**fingerprint, "git": commit_state(tree_commit),
